@@ -1,0 +1,56 @@
+"""Models of the paper: the self-attention classifier, its positional encodings, ResNet18, and Theorem 1."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from pipeline.config import ModelConfig
+from pipeline.models.positional import build_encoding
+from pipeline.models.resnet import ResNet18
+from pipeline.models.sa_net import SelfAttentionNet
+
+
+def build_model(
+    cfg: ModelConfig,
+    *,
+    image_size: int = 32,
+    in_channels: int = 3,
+    num_classes: int = 10,
+    heads_per_layer: list[int] | None = None,
+) -> nn.Module:
+    """The model described by ``cfg`` for images of ``in_channels x image_size x image_size``.
+
+    ``heads_per_layer`` overrides ``cfg.heads`` layer by layer (a pruned model); its length must be ``cfg.layers``.
+    """
+    if cfg.arch == "resnet18":
+        return ResNet18(num_classes=num_classes, in_channels=in_channels, width=cfg.resnet_width)
+    heads = heads_per_layer if heads_per_layer is not None else [cfg.heads] * cfg.layers
+    if len(heads) != cfg.layers:
+        raise ValueError(f"heads_per_layer has {len(heads)} entries for {cfg.layers} layers")
+    grid = image_size // cfg.downsample
+    encodings = [
+        build_encoding(
+            cfg.encoding,
+            h,
+            max_grid=grid,
+            centre_init_std=cfg.centre_init_std,
+            spread_init_std=cfg.spread_init_std,
+            learned_dim=cfg.learned_dim,
+        )
+        for h in heads
+    ]
+    return SelfAttentionNet(
+        encodings,
+        image_size=image_size,
+        in_channels=in_channels,
+        num_classes=num_classes,
+        hidden=cfg.hidden,
+        ffn=cfg.ffn,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        layer_norm_eps=cfg.layer_norm_eps,
+        downsample=cfg.downsample,
+    )
+
+
+__all__ = ["ResNet18", "SelfAttentionNet", "build_model"]

@@ -1,0 +1,91 @@
+"""Multi-head self-attention over a 2D grid of tokens with positional-only scores (Cordonnier et al., Eq. 9-11).
+
+    MHSA(X) = concat_h [ softmax(scores_h) X ] W_out + b_out
+
+Heads run at **full width** (Dh = Dout, App. A.4): each head averages the raw ``in_dim``-wide input with its
+attention probabilities, the H results are concatenated (H * in_dim) and one ``Linear(H * in_dim, out_dim)`` maps
+them back. Block h of that weight is the per-head ``W(h) = W_val(h) W_out[block h]`` of Eq. 11, which is what
+makes the convolution construction of Theorem 1 exact (see ``conv_to_attention.py``).
+
+Because the scores depend on positions only, the (H, N, N) attention probabilities are computed once per forward
+pass and applied to the whole batch as one matmul, never once per image.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.models.positional import PositionalEncoding
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Position-only multi-head self-attention; ``encoding`` decides how positions become scores."""
+
+    def __init__(
+        self,
+        encoding: PositionalEncoding,
+        in_dim: int,
+        out_dim: int | None = None,
+        attention_dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.encoding = encoding
+        self.in_dim = in_dim
+        self.out_dim = out_dim if out_dim is not None else in_dim
+        self.value = nn.Linear(encoding.num_heads * in_dim, self.out_dim, bias=bias)  # W_out, all heads' W(h)
+        self.attention_dropout = nn.Dropout(attention_dropout)
+
+    @property
+    def num_heads(self) -> int:
+        return self.encoding.num_heads
+
+    def attention_probs(self, grid: tuple[int, int]) -> Tensor:
+        """Softmax over all keys (query included, no padding): (H, N, N), rows sum to 1."""
+        return self.encoding.scores(grid).softmax(dim=-1)
+
+    def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        B, N, D = x.shape  # noqa: N806 (paper's symbols)
+        H = self.num_heads  # noqa: N806
+        assert N == grid[0] * grid[1], f"{N} tokens do not fill a {grid} grid"
+        assert D == self.in_dim, f"expected {self.in_dim} features, got {D}"
+        probs = self.attention_dropout(self.attention_probs(grid)).to(x.dtype)  # (H, N, N)
+        # One (H*N, N) @ (N, B*D) matmul for the whole batch: every image shares the same probabilities.
+        values = x.transpose(0, 1).reshape(N, B * D)  # (N, B*D)
+        mixed = (probs.reshape(H * N, N) @ values).view(H, N, B, D)  # (H, N, B, D)
+        heads = mixed.permute(2, 1, 0, 3).reshape(B, N, H * D)  # (B, N, H*D), head-major blocks
+        return self.value(heads)  # (B, N, out_dim)
+
+    def attention_map(self, query: tuple[int, int], grid: tuple[int, int]) -> Tensor:
+        """Each head's attention probabilities for one query pixel, as images: (H, rows, cols)."""
+        row, col = query
+        if not (0 <= row < grid[0] and 0 <= col < grid[1]):
+            raise ValueError(f"query pixel {query} is outside the {grid} grid")
+        with torch.no_grad():
+            probs = self.attention_probs(grid)  # (H, N, N)
+        return probs[:, row * grid[1] + col].reshape(self.num_heads, *grid)
+
+    def head_geometry(self) -> dict[str, Tensor] | None:
+        """Centres (H, 2) and ``Sigma^-1`` (H, 2, 2) for Gaussian encodings; None otherwise."""
+        return self.encoding.head_geometry()
+
+    def prune_heads(self, keep: list[int]) -> None:
+        """Physically remove the heads not in ``keep``: their encoding parameters and their value columns.
+
+        Removing head h is the same as zeroing its ``in_dim`` input columns of ``value`` (tested).
+        """
+        if not keep:
+            raise ValueError("cannot prune every head of a layer")
+        if sorted(set(keep)) != sorted(keep) or not all(0 <= h < self.num_heads for h in keep):
+            raise ValueError(f"keep must list distinct heads in 0..{self.num_heads - 1}, got {keep}")
+        keep = sorted(keep)
+        columns = torch.cat([torch.arange(h * self.in_dim, (h + 1) * self.in_dim) for h in keep])
+        old = self.value
+        new = nn.Linear(len(keep) * self.in_dim, self.out_dim, bias=old.bias is not None).to(old.weight)
+        with torch.no_grad():
+            new.weight.copy_(old.weight[:, columns.to(old.weight.device)])
+            if old.bias is not None:
+                new.bias.copy_(old.bias)
+        self.value = new
+        self.encoding.prune(keep)
