@@ -189,15 +189,15 @@ class Params(_Section):
 
     @model_validator(mode="after")
     def _sweep_names_known(self) -> Params:
-        for name in self.sweep.variants:
-            if name not in self.variants:
-                raise ValueError(f"sweep.variants: unknown variant {name!r}; defined: {sorted(self.variants)}")
         for name, variant in self.variants.items():
             if variant.encoding is not None:
                 try:
                     ModelConfig._known_encoding(variant.encoding)
                 except ValueError as err:
                     raise ValueError(f"variants.{name}.encoding: {err}") from None
+        for name in self.sweep.variants:
+            if name not in self.variants:
+                raise ValueError(f"sweep.variants: unknown variant {name!r}; defined: {sorted(self.variants)}")
         return self
 
     def model_for(self, variant: str) -> ModelConfig:
@@ -211,11 +211,12 @@ class Params(_Section):
 def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid parameters"]
     for problem in err.errors():
-        key = ".".join(str(part) for part in problem["loc"]) or "<top level>"
+        key = ".".join(str(part) for part in problem["loc"])
         message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see params.yaml for the valid keys)"
-        lines.append(f"  {key}: {message}")
+        # Cross-field validators already name their dotted key at the start of the message.
+        lines.append(f"  {message}" if not key or message.startswith(f"{key}.") else f"  {key}: {message}")
     return "\n".join(lines)
 
 

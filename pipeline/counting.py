@@ -54,7 +54,7 @@ def _counted_modules(model: nn.Module) -> list[str]:
 
 @torch.no_grad()
 def count_flops(model: nn.Module, image_shape: tuple[int, int, int] = (3, 32, 32)) -> FlopCount:
-    """Forward FLOPs of ``model`` on one image of ``image_shape`` (C, H, W), in eval mode, on the CPU's meta-free path."""
+    """Forward FLOPs of ``model`` on one image of ``image_shape`` (C, H, W), in eval mode."""
     was_training = model.training
     model.eval()
     param = next(model.parameters())

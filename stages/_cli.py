@@ -1,0 +1,58 @@
+"""What every stage entry point shares: argument parsing conventions, logging set-up, and clean failures.
+
+Library code raises; a stage turns the expected failures (bad params, missing or corrupt input files) into one
+clear line on stderr and exit code 2, so `dvc repro` stops before expensive work with a message naming the key or
+file. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pipeline.config import ConfigError, Params, load_params
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+EXPECTED_FAILURES: tuple[type[Exception], ...] = (ConfigError, FileNotFoundError, ValueError)
+
+
+def make_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A parser whose --help shows the stage's docstring, with the --params option every stage takes."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: %(default)s)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def run(stage: Callable[[argparse.Namespace, Params], int], args: argparse.Namespace) -> int:
+    """Set up logging, load and validate params, run the stage; expected failures become exit code 2."""
+    setup_logging(args.verbose)
+    log = logging.getLogger(f"stages.{stage.__module__.rsplit('.', 1)[-1]}")
+    try:
+        params = load_params(args.params)
+        return stage(args, params)
+    except EXPECTED_FAILURES as err:
+        log.error("%s", err)
+        return 2
+    except KeyboardInterrupt:
+        log.error("interrupted; outputs written so far are complete, re-run to continue")
+        return 130
+
+
+def main_for(stage: Callable[[argparse.Namespace, Params], int], parser: argparse.ArgumentParser) -> Callable:
+    def main(argv: Sequence[str] | None = None) -> int:
+        return run(stage, parser.parse_args(argv))
+
+    return main

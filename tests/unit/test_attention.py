@@ -1,0 +1,124 @@
+"""The attention layer and its encodings: scores as in the paper, batched probabilities, pruning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.models.attention import MultiHeadSelfAttention
+from pipeline.models.positional import (
+    ENCODINGS,
+    GeneralizedQuadraticEncoding,
+    LearnedRelativeEncoding,
+    QuadraticEncoding,
+    build_encoding,
+    relative_offsets,
+)
+
+GRID = (3, 4)
+
+
+def _encodings(heads: int = 4) -> list:
+    torch.manual_seed(0)
+    return [build_encoding(name, heads, max_grid=4, learned_dim=6) for name in sorted(ENCODINGS)]
+
+
+def test_relative_offsets_are_key_minus_query() -> None:
+    delta = relative_offsets(*GRID)
+    assert delta.shape == (12, 12, 2)
+    q, k = 1 * 4 + 2, 2 * 4 + 0  # query (1, 2), key (2, 0)
+    assert delta[q, k].tolist() == [1, -2]
+
+
+def test_quadratic_score_is_eq9() -> None:
+    enc = QuadraticEncoding(2)
+    scores = enc.scores(GRID)
+    delta = relative_offsets(*GRID).double()
+    for h in range(2):
+        expected = -0.5 * enc.spreads[h] ** 2 * ((delta - enc.centres[h]) ** 2).sum(-1)
+        torch.testing.assert_close(scores[h], expected.float())
+
+
+def test_generalized_score_is_the_mahalanobis_form_and_sigma_is_psd() -> None:
+    enc = GeneralizedQuadraticEncoding(3, spread_init_std=0.5)
+    sigma_inv = enc.sigma_inv()
+    assert (torch.linalg.eigvalsh(sigma_inv) >= -1e-6).all()
+    diff = relative_offsets(*GRID).float()[None] - enc.centres[:, None, None]  # (H, N, N, 2)
+    expected = -0.5 * (diff @ sigma_inv[:, None]).mul(diff).sum(-1)
+    torch.testing.assert_close(enc.scores(GRID), expected)
+
+
+def test_generalized_equals_quadratic_when_sigma_is_isotropic() -> None:
+    quad, gen = QuadraticEncoding(3), GeneralizedQuadraticEncoding(3)
+    with torch.no_grad():
+        gen.centres.copy_(quad.centres)
+        gen.sqrt_sigma_inv.copy_(quad.spreads[:, None, None] * torch.eye(2))
+    torch.testing.assert_close(gen.scores(GRID), quad.scores(GRID))
+
+
+def test_learned_scores_depend_on_shift_only() -> None:
+    enc = LearnedRelativeEncoding(2, max_grid=4, dim=6)
+    scores = enc.scores(GRID)
+    # queries (0,0)->key (1,1) and (1,2)->(2,3) share the shift (1, 1)
+    torch.testing.assert_close(scores[:, 0 * 4 + 0, 1 * 4 + 1], scores[:, 1 * 4 + 2, 2 * 4 + 3])
+    with pytest.raises(ValueError, match="max_grid"):
+        enc.scores((5, 5))
+
+
+def test_quadratic_initialisation_follows_the_authors_code() -> None:
+    torch.manual_seed(0)
+    enc = QuadraticEncoding(20000)
+    assert enc.centres.std().item() == pytest.approx(2.0, rel=0.03)
+    assert enc.spreads.mean().item() == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("enc", _encodings(), ids=sorted(ENCODINGS))
+def test_batched_attention_equals_per_image_loop(enc) -> None:
+    layer = MultiHeadSelfAttention(enc, in_dim=5, out_dim=7).eval()
+    x = torch.randn(3, 12, 5)
+    out = layer(x, GRID)
+    probs = layer.attention_probs(GRID)  # (H, N, N)
+    for b in range(3):
+        heads = torch.cat([probs[h] @ x[b] for h in range(enc.num_heads)], dim=-1)  # (N, H*D)
+        torch.testing.assert_close(out[b], layer.value(heads))
+
+
+@pytest.mark.parametrize("enc", _encodings(), ids=sorted(ENCODINGS))
+def test_pruning_a_head_equals_zeroing_its_value_columns(enc) -> None:
+    layer = MultiHeadSelfAttention(enc, in_dim=5).eval()
+    x = torch.randn(2, 12, 5)
+    zeroed = MultiHeadSelfAttention(build_encoding("quadratic", 4, max_grid=4), in_dim=5).eval()
+    zeroed.load_state_dict(layer.state_dict(), strict=False)
+    zeroed.encoding = layer.encoding
+    with torch.no_grad():
+        zeroed.value.weight[:, 1 * 5 : 2 * 5] = 0  # head 1's input columns
+    expected = zeroed(x, GRID)
+    layer.prune_heads([0, 2, 3])
+    assert layer.num_heads == 3 and layer.value.in_features == 15
+    torch.testing.assert_close(layer(x, GRID), expected)
+
+
+def test_prune_rejects_bad_head_lists() -> None:
+    layer = MultiHeadSelfAttention(QuadraticEncoding(3), in_dim=4)
+    with pytest.raises(ValueError, match="cannot prune every head"):
+        layer.prune_heads([])
+    with pytest.raises(ValueError, match="distinct heads"):
+        layer.prune_heads([0, 0, 5])
+
+
+def test_attention_map_rows_are_probabilities() -> None:
+    layer = MultiHeadSelfAttention(QuadraticEncoding(4), in_dim=4)
+    maps = layer.attention_map((2, 3), GRID)
+    assert maps.shape == (4, 3, 4)
+    torch.testing.assert_close(maps.sum(dim=(1, 2)), torch.ones(4))
+    with pytest.raises(ValueError, match="outside"):
+        layer.attention_map((3, 0), GRID)
+
+
+def test_large_spread_gives_one_hot_attention_on_the_centre() -> None:
+    enc = QuadraticEncoding(1)
+    with torch.no_grad():
+        enc.centres.copy_(torch.tensor([[1.0, -1.0]]))
+        enc.spreads.fill_((2 * 10.0) ** 0.5)  # alpha = 10
+    maps = MultiHeadSelfAttention(enc, in_dim=2).attention_map((1, 1), GRID)
+    assert maps[0, 2, 0] > 0.9998  # the paper's oracle: peak 0.9998 at alpha = 10

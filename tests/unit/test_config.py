@@ -1,0 +1,86 @@
+"""params.yaml -> typed config: the shipped files validate; bad input fails naming the key and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, Params, load_params, params_hash, parse_params
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p.relative_to(ROOT) for p in [ROOT / "params.yaml", *ROOT.glob("params/*.yaml")])
+)
+def test_shipped_params_files_validate(path: Path) -> None:
+    params = load_params(ROOT / path)
+    for name in params.sweep.variants:
+        params.model_for(name)
+
+
+def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  weight_decay: 1e-4\n  lr: 1\n")
+    params = load_params(path)
+    assert params.train.weight_decay == pytest.approx(1e-4) and params.train.lr == 1.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "key", "message"),
+    [
+        ({"modle": {}}, "modle", "unknown key"),
+        ({"model": {"heads": 0}}, "model.heads", "greater than 0"),
+        ({"model": {"encoding": "cubic"}}, "model.encoding", "valid: ['generalized_quadratic'"),
+        ({"train": {"lr": "fast"}}, "train.lr", "valid number"),
+        ({"train": {"augment": "yes"}}, "train.augment", "boolean"),
+        ({"train": {"schedule": "linear"}}, "train.schedule", "'step' or 'epoch'"),
+        ({"sweep": {"variants": ["nope"]}}, "sweep.variants", "unknown variant 'nope'"),
+        ({"sweep": {"seeds": []}}, "sweep.seeds", "at least one seed"),
+        ({"data": {"dataset": "cifar10"}}, "data.cifar10_path", "required"),
+        ({"tracking": {"uri": "./mlruns"}}, "tracking.uri", "file stores"),
+        ({"variants": {"x": {"arch": "sa"}}}, "variants.x", "needs an encoding"),
+        (
+            {"variants": {"x": {"arch": "sa", "encoding": "cubic"}}, "sweep": {"variants": ["x"]}},
+            "variants.x.encoding",
+            "unknown encoding",
+        ),
+    ],
+)
+def test_bad_values_name_the_file_and_key(raw: dict, key: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_params(raw, "my-params.yaml")
+    text = str(err.value)
+    assert text.startswith("my-params.yaml")
+    assert key in text and message in text
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_params(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_params(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_params(listy)
+
+
+def test_variant_overrides_and_frozen_configs() -> None:
+    params = Params()
+    cfg = params.model_for("sa_learned_9")
+    assert (cfg.encoding, cfg.heads, cfg.hidden) == ("learned", 9, 400)
+    assert params.model_for("resnet18").arch == "resnet18"
+    with pytest.raises(KeyError, match="unknown variant"):
+        params.model_for("vit")
+    with pytest.raises(Exception, match="frozen"):
+        cfg.heads = 3
+
+
+def test_params_hash_is_stable_and_sensitive() -> None:
+    a, b = Params(), parse_params({"train": {"epochs": 3}})
+    assert params_hash(a) == params_hash(Params()) and params_hash(a) != params_hash(b)
+    assert len(params_hash(a.train)) == 12
