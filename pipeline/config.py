@@ -72,6 +72,10 @@ class ModelConfig(_Section):
     learned_dim: PositiveInt = 400
     # ResNet18 baseline: channels of the first stage (64 = He et al.; smaller only for smoke runs).
     resnet_width: PositiveInt = 64
+    # Beyond the paper: None = exact dense attention (the paper's). A value eps makes each head attend only within
+    # the window of shifts holding >= 1 - eps of its probability mass for every query (pipeline.models.local_attention;
+    # e.g. 1e-6). Not used by resnet18.
+    attention_window_eps: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
 
     @field_validator("encoding")
     @classmethod
@@ -98,10 +102,15 @@ class TrainConfig(_Section):
     schedule: Literal["step", "epoch"] = "step"
     augment: bool = True
     crop_padding: Annotated[int, Field(ge=0)] = 4
+    # Random horizontal flips (part of ``augment``). Right for CIFAR-10; off for digits, whose mirror images are
+    # other shapes.
+    hflip: bool = True
     # "auto" picks CUDA when present; recorded with every run.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # bf16 autocast on CUDA ("auto") or never ("off"). CPU always runs fp32.
     amp: Literal["auto", "off"] = "auto"
+    # torch.compile the model for training and evaluation (compile time is logged separately from epoch times).
+    compile: bool = False
     seed: int = 0
 
 
@@ -143,6 +152,9 @@ class SweepConfig(_Section):
     ray_address: str | None = None
     # Ray results (checkpoints to restore from); relative paths resolve against the project root.
     storage_path: str = "results/ray"
+    # Tests only: each trial raises once, right after reporting this epoch, on its first attempt (not when resumed
+    # from a checkpoint), to exercise retries. Part of the trial config and of its MLflow params, never a hidden switch.
+    fail_once_after_epoch: PositiveInt | None = None
 
     @field_validator("seeds")
     @classmethod

@@ -1,8 +1,13 @@
-"""Shared fixtures. ``tiny_cifar10`` writes a few images in the real CIFAR-10 python format for the real loader."""
+"""Shared fixtures. ``tiny_cifar10`` writes a few images in the real CIFAR-10 python format for the real loader.
+
+Every Ray a test starts (and every stage subprocess attaching to it) talks over 127.0.0.1 only: set up here, before
+any test module imports Ray (see ``pipeline.local_ray``).
+"""
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import struct
 import tarfile
@@ -11,6 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from pipeline.local_ray import keep_local_ray_on_loopback
+
+keep_local_ray_on_loopback()
+# Tests send traffic to 127.0.0.1 only: no usage statistics or telemetry from the real tools they start.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "1")
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 

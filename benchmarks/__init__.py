@@ -1,0 +1,1 @@
+"""Speed, memory and overhead benchmarks (see benchmarks/README.md). Targets live here, never in timed tests."""

@@ -1,0 +1,59 @@
+"""Where a trial runs and in which precision, decided in one place and recorded with every run.
+
+``train.device: auto`` picks CUDA when present, else the CPU; ``train.amp: auto`` turns on bf16 autocast on
+CUDA (fp32 master weights, fp32 loss) and never on the CPU, so a CPU run is plain fp32 and bit-reproducible.
+The choice is hardware-dependent, so callers log ``describe_device`` as tags: a number without its device is
+not comparable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from collections.abc import Iterator
+
+import torch
+
+from pipeline.config import TrainConfig
+
+
+def resolve_device(cfg: TrainConfig) -> torch.device:
+    """The training device. Asking for CUDA on a machine without it is an error, not a silent CPU run."""
+    if cfg.device == "cpu":
+        return torch.device("cpu")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
+    """bf16 on CUDA when ``amp`` is ``auto`` (no loss scaling needed, unlike fp16); None means plain fp32."""
+    return torch.bfloat16 if device.type == "cuda" and cfg.amp == "auto" else None
+
+
+@contextlib.contextmanager
+def autocast(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
+    """Mixed precision for the forward pass only; a no-op when ``dtype`` is None."""
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield
+
+
+def describe_device(cfg: TrainConfig) -> dict[str, str]:
+    """String tags naming the hardware and precision a trial with ``cfg`` runs on (for MLflow tags)."""
+    device = resolve_device(cfg)
+    dtype = autocast_dtype(cfg, device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine() or "cpu"
+    return {
+        "device": device.type,
+        "device_name": name,
+        "precision": "bf16-autocast" if dtype is not None else "fp32",
+        "torch_version": torch.__version__,
+        "cuda_version": str(torch.version.cuda) if device.type == "cuda" else "none",
+        "torch_threads": str(torch.get_num_threads()),
+    }

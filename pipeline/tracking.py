@@ -1,0 +1,282 @@
+"""MLflow tracking of a Ray Tune sweep: one parent run per sweep, one child run per trial, all written by the driver.
+
+Why the driver writes everything (ecosystem.md 2.3 and recommendation 9) instead of the trials or the stock
+``MLflowLoggerCallback``:
+- one writer process, so a local sqlite store never sees concurrent first writers or ``set_experiment`` races, and
+  the trials need no tracking URI at all (nothing depends on a trial's working directory or node);
+- ``MlflowTrialCallback`` keeps the ``trial_id -> run_id`` map in Tune's own experiment state (``get_state`` /
+  ``set_state``), so a retried trial (``FailureConfig``) and a restored sweep (``Tuner.restore``) continue the run
+  they started instead of opening a duplicate; the parent run id is kept next to that state (``PARENT_FILE``);
+- metrics go out as one ``log_batch`` per epoch (``step=epoch``), with only the training metrics, not Ray's
+  bookkeeping keys; the final checkpoint and head-centre history are uploaded once, when the trial ends.
+Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_interrupted`` and reopened on restore.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+from pipeline.config import TrackingConfig
+
+log = logging.getLogger(__name__)
+
+# Keys of run_trial's per-epoch report that become MLflow metrics (``epoch`` is the step, not a metric).
+EPOCH_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s")
+TRIAL_TAGS_KEY = "trial_tags"  # the trainable reports where it runs (node, device) under this key
+PARENT_FILE = "mlflow_parent_run.json"  # in the Ray experiment dir: the sweep's parent run, reused on restore
+
+
+@dataclass(frozen=True)
+class TrialInfo:
+    """What the callback logs when a trial's run is created; built from the trial's config by the sweep."""
+
+    run_name: str
+    params: dict[str, str]
+    tags: dict[str, str]
+    epochs: int
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+
+
+def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
+    """``tracking.uri`` or an sqlite store at an absolute ``<project>/mlflow.db`` (never ``./mlruns``)."""
+    return cfg.uri or f"sqlite:///{(project_root / 'mlflow.db').resolve()}"
+
+
+def artifact_root(uri: str, project_root: Path) -> str | None:
+    """Artifact location for a new experiment: ``<project>/mlartifacts`` next to a local sqlite store.
+
+    Without it MLflow would use ``<cwd at creation>/mlruns``; a server (http) decides for itself (proxied artifacts).
+    """
+    return (project_root / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
+
+
+def git_commit(project_root: Path) -> str:
+    """HEAD's sha, suffixed ``-dirty`` when tracked files differ from it; ``unknown`` outside git."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=project_root, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{sha}-dirty" if dirty else sha
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"model": {"hidden": 32}}`` -> ``{"model.hidden": "32"}`` (MLflow params are strings)."""
+    flat: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = json.dumps(value) if isinstance(value, list | tuple) else str(value)
+    return flat
+
+
+def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> str:
+    """The experiment's id, created once here in the driver (a cold store must not be migrated by many writers)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, artifact_location=location)
+        except MlflowException:  # created by someone else meanwhile
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    return experiment.experiment_id
+
+
+def open_sweep_run(
+    uri: str, experiment: str, experiment_dir: Path, *, run_name: str, tags: dict[str, str], params: dict[str, str],
+    project_root: Path,
+) -> SweepRun:
+    """The sweep's parent run: the one recorded in ``experiment_dir`` (a resumed sweep), else a new one."""
+    client = MlflowClient(uri)
+    experiment_id = ensure_experiment(client, experiment, artifact_root(uri, project_root))
+    record = experiment_dir / PARENT_FILE
+    if record.is_file():
+        saved = json.loads(record.read_text())
+        if saved.get("tracking_uri") == uri:
+            try:
+                client.update_run(saved["parent_run_id"], status="RUNNING")
+                log.info("MLflow: continuing sweep run %s (%s)", saved["parent_run_id"], uri)
+                return SweepRun(uri, saved["experiment_id"], saved["parent_run_id"])
+            except MlflowException as err:
+                log.warning("MLflow: recorded sweep run not usable (%s); starting a new one", err)
+    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
+    sweep = SweepRun(uri, experiment_id, run.info.run_id)
+    experiment_dir.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_suffix(".tmp")
+    saved = {"tracking_uri": uri, "experiment_id": experiment_id, "parent_run_id": sweep.parent_run_id}
+    tmp.write_text(json.dumps(saved))
+    tmp.replace(record)
+    log.info("MLflow: sweep run %s in experiment %r (%s)", sweep.parent_run_id, experiment, uri)
+    return sweep
+
+
+def child_runs(sweep: SweepRun) -> dict[str, Any]:
+    """The sweep's child runs keyed by ``ray.trial_id``."""
+    client = MlflowClient(sweep.tracking_uri)
+    query = f"tags.`mlflow.parentRunId` = '{sweep.parent_run_id}'"
+    runs, token = [], None
+    while True:
+        page = client.search_runs([sweep.experiment_id], query, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    return {run.data.tags.get("ray.trial_id", run.info.run_id): run for run in runs}
+
+
+def close_interrupted(sweep: SweepRun) -> int:
+    """Mark the trials' runs still RUNNING (driver interrupted) and the parent as KILLED; a restore reopens them."""
+    client = MlflowClient(sweep.tracking_uri)
+    open_runs = [run for run in child_runs(sweep).values() if run.info.status == "RUNNING"]
+    for run in open_runs:
+        client.set_tag(run.info.run_id, "tune.status", "interrupted")
+        client.set_terminated(run.info.run_id, status="KILLED")
+    client.set_terminated(sweep.parent_run_id, status="KILLED")
+    return len(open_runs)
+
+
+def finish_sweep(sweep: SweepRun, status: str, tags: dict[str, str] | None = None) -> None:
+    client = MlflowClient(sweep.tracking_uri)
+    for key, value in (tags or {}).items():
+        client.set_tag(sweep.parent_run_id, key, value)
+    client.set_terminated(sweep.parent_run_id, status=status)
+
+
+class MlflowTrialCallback(Callback):
+    """Driver-side Tune callback: one child run per trial, continued across retries and ``Tuner.restore``.
+
+    Tune pickles this object into ``tuner.pkl`` and restores ``get_state()`` from its experiment snapshots, so it
+    holds only plain data; the client is created lazily. ``describe`` is a module-level function (picklable by
+    reference) that turns a trial's config into its run name, params and tags.
+    """
+
+    def __init__(self, sweep: SweepRun, describe: Callable[[dict], TrialInfo], tags: dict[str, str]) -> None:
+        self.sweep = sweep
+        self.describe = describe
+        self.tags = dict(tags)
+        self.runs: dict[str, str] = {}  # trial_id -> run_id: the state that survives restore
+        self.last_epoch: dict[str, int] = {}
+        self._seen_tags: dict[str, dict[str, str]] = {}
+        self._client: MlflowClient | None = None
+        self.log_calls = 0  # MLflow requests made for epoch results (benchmarks/sweep_overhead.py)
+        self.epochs_logged = 0
+
+    @property
+    def client(self) -> MlflowClient:
+        if self._client is None:
+            self._client = MlflowClient(self.sweep.tracking_uri)
+        return self._client
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None}
+
+    def get_state(self) -> dict | None:
+        return {"runs": dict(self.runs), "last_epoch": dict(self.last_epoch)}
+
+    def set_state(self, state: dict) -> None:
+        self.runs.update(state.get("runs", {}))
+        self.last_epoch.update(state.get("last_epoch", {}))
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        run_id = self.runs.get(trial.trial_id)
+        if run_id is not None:  # a retry or a restored sweep: continue the trial's own run
+            self.client.update_run(run_id, status="RUNNING")
+            self.client.set_tag(run_id, "tune.status", "running")
+            log.info("MLflow: trial %s continues run %s", trial.trial_id, run_id)
+            return
+        described = self.describe(trial.config)
+        tags = {
+            **self.tags, **described.tags,
+            "mlflow.parentRunId": self.sweep.parent_run_id,
+            "ray.trial_id": trial.trial_id,
+            "ray.trial_name": str(trial),
+            "tune.status": "running",
+        }  # fmt: skip
+        run = self.client.create_run(self.sweep.experiment_id, run_name=described.run_name, tags=tags)
+        self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in described.params.items()])
+        self.runs[trial.trial_id] = run.info.run_id
+        log.info("MLflow: trial %s -> run %s (%s)", trial.trial_id, run.info.run_id, described.run_name)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        run_id = self.runs.get(trial.trial_id)
+        if run_id is None or "epoch" not in result:
+            return
+        epoch = int(result["epoch"])
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(result[k]), now, epoch) for k in EPOCH_METRICS if k in result]
+        where = {k: str(v) for k, v in (result.get(TRIAL_TAGS_KEY) or {}).items()}
+        new_tags = where if where != self._seen_tags.get(trial.trial_id) else {}
+        self._seen_tags[trial.trial_id] = where
+        self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in new_tags.items()])
+        self.log_calls += 1
+        self.epochs_logged += 1
+        self.last_epoch[trial.trial_id] = epoch
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        run_id = self.runs.get(trial.trial_id)
+        if run_id is not None:
+            self.client.set_tag(run_id, "tune.retries", str(trial.num_failures))
+            self.client.set_tag(run_id, "tune.status", "retrying")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._finish(trial, "FAILED", "error")
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        epochs = self.describe(trial.config).epochs
+        stopped_early = self.last_epoch.get(trial.trial_id, 0) < epochs  # ASHA stopped it (on_trial_complete too)
+        self._finish(trial, "FINISHED", "early_stopped" if stopped_early else "finished")
+
+    def _finish(self, trial: Any, status: str, label: str) -> None:
+        run_id = self.runs.get(trial.trial_id)
+        if run_id is None:
+            return
+        tags = {"tune.status": label, "tune.last_epoch": str(self.last_epoch.get(trial.trial_id, 0))}
+        if label == "early_stopped":
+            tags["tune.early_stopped"] = "true"
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        self._log_checkpoint(run_id, trial)
+        self.client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.from_string(status)))
+
+    def _log_checkpoint(self, run_id: str, trial: Any) -> None:
+        """Upload the trial's latest checkpoint dir (checkpoint.pt, head_history.json) as artifact ``checkpoint/``.
+
+        Read from Tune's storage in the driver: on a multi-node cluster ``storage_path`` must be shared (it must be
+        anyway for retries and restore, ecosystem.md 1.7).
+        """
+        checkpoint = trial.checkpoint
+        if checkpoint is None:
+            return
+        try:
+            with checkpoint.as_directory() as local:
+                self.client.log_artifacts(run_id, local, artifact_path="checkpoint")
+            self.client.set_tag(run_id, "tune.checkpoint", checkpoint.path)
+        except (OSError, MlflowException) as err:  # the run's metrics are still worth keeping
+            log.warning("MLflow: could not upload the checkpoint of trial %s: %s", trial.trial_id, err)

@@ -1,0 +1,571 @@
+"""One trial: train a model of the paper on prepared data, reporting metrics and a checkpoint every epoch.
+
+The schedule is the paper's (App. A.4): SGD with momentum, weight decay except on the Gaussian encodings'
+centres and spreads, cosine decay after a linear warm-up over ``warmup_fraction`` of training. ``schedule:
+epoch`` reproduces the authors' code, which steps that schedule once per epoch (so epoch 0 trains at lr 0);
+``schedule: step`` updates it every optimiser step.
+
+The whole dataset stays in memory on the training device (uint8), and shuffling and augmentation are batched
+tensor ops drawn from one explicit CPU ``torch.Generator``: no DataLoader workers, and the same draws on CPU
+and GPU. Every RNG state (that generator, torch's global CPU generator used by dropout, CUDA's when used) is
+checkpointed, so a run resumed from epoch k's checkpoint ends with bit-for-bit the weights of an uninterrupted
+run on the CPU.
+
+``run_trial`` knows nothing about Ray or MLflow: the caller's ``reporter`` receives each epoch's scalar
+metrics and a checkpoint directory that is valid only during the call (Ray copies it; a test may just read
+it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from pipeline.config import ModelConfig, TrainConfig
+from pipeline.device import autocast, autocast_dtype, describe_device, resolve_device
+from pipeline.models import build_model
+
+if TYPE_CHECKING:
+    from pipeline.data import PreparedData
+
+log = logging.getLogger(__name__)
+
+Reporter = Callable[
+    [dict[str, float], Path], None
+]  # (epoch metrics, checkpoint dir valid only during the call)
+
+CHECKPOINT_FILE = "checkpoint.pt"
+HEAD_HISTORY_FILE = "head_history.json"
+METRIC_KEYS = (
+    "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s",
+)  # fmt: skip
+
+
+class DivergedError(RuntimeError):
+    """The training loss became NaN or infinite; training on from there would only produce garbage."""
+
+    def __init__(self, epoch: int, step: int, loss: float) -> None:
+        super().__init__(
+            f"training diverged: loss is {loss} at epoch {epoch}, step {step} of that epoch "
+            "(lower train.lr, or check the inputs and their normalisation)"
+        )
+        self.epoch, self.step, self.loss = epoch, step, loss
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Ray pickles trial errors; the default would lose the arguments
+        return (DivergedError, (self.epoch, self.step, self.loss))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Optimiser and schedule
+# ----------------------------------------------------------------------------------------------------
+
+
+class WarmupCosine:
+    """Learning-rate factor at schedule position ``t`` (optimiser step or epoch): linear warm-up, then cosine.
+
+    The authors' formula: ``t / T_warmup`` while ``t < T_warmup = int(total * warmup_fraction)``, then
+    ``(1 + cos(pi * progress)) / 2``. A class rather than a closure so that ``LambdaLR.state_dict`` stores it.
+    """
+
+    def __init__(self, total: int, warmup_fraction: float) -> None:
+        self.total = total
+        self.warmup = int(total * warmup_fraction)
+
+    def __call__(self, t: int) -> float:
+        if t < self.warmup:
+            return t / self.warmup
+        progress = min(1.0, (t - self.warmup) / max(1, self.total - self.warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.SGD:
+    """SGD with two parameter groups: ``decay``, and ``no_decay`` for ``model.no_weight_decay()``."""
+    skip = model.no_weight_decay()
+    named = dict(model.named_parameters())
+    unknown = skip - named.keys()
+    assert not unknown, f"no_weight_decay names parameters the model does not have: {sorted(unknown)}"
+    groups = [
+        {
+            "name": "decay",
+            "weight_decay": cfg.weight_decay,
+            "params": [p for n, p in named.items() if n not in skip],
+        },
+        {"name": "no_decay", "weight_decay": 0.0, "params": [p for n, p in named.items() if n in skip]},
+    ]
+    return torch.optim.SGD([g for g in groups if g["params"]], lr=cfg.lr, momentum=cfg.momentum)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int) -> LambdaLR:
+    """Warm-up + cosine over the whole run, in optimiser steps (``schedule: step``) or epochs (``epoch``)."""
+    total = cfg.epochs * steps_per_epoch if cfg.schedule == "step" else cfg.epochs
+    return LambdaLR(optimizer, WarmupCosine(total, cfg.warmup_fraction))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data on the device
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceData:
+    """The prepared dataset moved once to the training device; images stay uint8 until a batch is drawn."""
+
+    train_images: Tensor  # uint8 (N, C, H, W)
+    train_labels: Tensor  # int64 (N,)
+    test_images: Tensor  # uint8 (M, C, H, W)
+    test_labels: Tensor  # int64 (M,)
+    mean: Tensor  # (1, C, 1, 1), for images / 255
+    std: Tensor  # (1, C, 1, 1)
+
+    @classmethod
+    def from_prepared(cls, data: PreparedData, device: torch.device) -> DeviceData:
+        stats = [
+            torch.tensor(s, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+            for s in (data.mean, data.std)
+        ]
+        return cls(
+            data.train_images.to(device),
+            data.train_labels.to(device),
+            data.test_images.to(device),
+            data.test_labels.to(device),
+            *stats,
+        )
+
+    def normalise(self, images: Tensor) -> Tensor:  # float (B, C, H, W) in [0, 1] -> standardised
+        return (images - self.mean) / self.std
+
+
+def augment_batch(images: Tensor, padding: int, generator: torch.Generator, *, hflip: bool = True) -> Tensor:
+    """Standard CIFAR augmentation, batched: per image, a random crop after zero padding and a random flip.
+
+    ``images`` (B, C, H, W) in [0, 1], before normalisation, so padding is black like torchvision's
+    ``RandomCrop(padding=p)`` on the raw image. Random draws come from ``generator`` (on the CPU, so CPU and
+    GPU runs see the same crops); the result has the input's shape and device.
+    """
+    B, C, H, W = images.shape  # noqa: N806
+    device = images.device
+    if padding > 0:
+        padded = F.pad(images, (padding, padding, padding, padding))  # (B, C, H + 2p, W + 2p)
+        offsets = torch.randint(0, 2 * padding + 1, (2, B), generator=generator).to(device)  # (2, B)
+        rows = offsets[0, :, None] + torch.arange(H, device=device)  # (B, H)
+        cols = offsets[1, :, None] + torch.arange(W, device=device)  # (B, W)
+        batch = torch.arange(B, device=device)[:, None, None, None]
+        channel = torch.arange(C, device=device)[None, :, None, None]
+        images = padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]  # (B, C, H, W)
+    if not hflip:
+        return images
+    flip = (torch.rand(B, generator=generator) < 0.5).to(device)  # (B,)
+    return torch.where(flip[:, None, None, None], images.flip(-1), images)
+
+
+# ----------------------------------------------------------------------------------------------------
+# One epoch of training, one evaluation
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    """Everything that changes during a trial and is checkpointed."""
+
+    model: nn.Module
+    optimizer: torch.optim.SGD
+    scheduler: LambdaLR
+    generator: torch.Generator  # shuffling and augmentation (CPU)
+    runner: nn.Module | None = None  # what forward passes call: ``model`` or its torch.compile wrapper
+    epoch: int = 0  # completed epochs
+    metrics_history: list[dict[str, float]] = field(default_factory=list)
+    head_history: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.runner is None:
+            self.runner = self.model
+
+
+def train_one_epoch(
+    trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.dtype | None
+) -> dict[str, float]:
+    """One pass over the shuffled training set; returns mean loss, accuracy and the last step's lr.
+
+    Raises ``DivergedError`` at the first non-finite loss, before it reaches the weights.
+    """
+    model, optimizer, scheduler = trial.model, trial.optimizer, trial.scheduler
+    model.train()
+    device = data.train_labels.device
+    n = data.train_labels.numel()
+    order = torch.randperm(n, generator=trial.generator).to(device)  # (N,)
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    lr = optimizer.param_groups[0]["lr"]
+    for step, start in enumerate(range(0, n, cfg.batch_size)):
+        index = order[start : start + cfg.batch_size]  # (B,)
+        images = data.train_images[index].float().div_(255)  # (B, C, H, W) in [0, 1]
+        if cfg.augment:
+            images = augment_batch(images, cfg.crop_padding, trial.generator, hflip=cfg.hflip)
+        labels = data.train_labels[index]  # (B,)
+        lr = optimizer.param_groups[0]["lr"]
+        with autocast(device, amp_dtype):
+            logits = trial.runner(data.normalise(images))  # (B, classes)
+        loss = F.cross_entropy(logits.float(), labels)
+        if not torch.isfinite(loss):  # one host sync per step: cheap next to a step, and stops at the culprit
+            raise DivergedError(trial.epoch + 1, step, loss.item())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if cfg.schedule == "step":
+            scheduler.step()
+        loss_sum += loss.detach() * labels.numel()
+        correct += (logits.argmax(dim=1) == labels).sum()
+    if cfg.schedule == "epoch":
+        scheduler.step()
+    return {"train_loss": loss_sum.item() / n, "train_acc": correct.item() / n, "lr": lr}
+
+
+@torch.no_grad()  # not inference_mode: encodings cache offset tensors that training later uses in autograd
+def evaluate(
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    data: DeviceData,
+    batch_size: int,
+    amp_dtype: torch.dtype | None,
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` (in eval mode) on uint8 ``images`` (N, C, H, W)."""
+    model.eval()
+    loss_sum = torch.zeros((), device=images.device)
+    correct = torch.zeros((), dtype=torch.int64, device=images.device)
+    for start in range(0, labels.numel(), batch_size):
+        batch = data.normalise(images[start : start + batch_size].float().div_(255))  # (B, C, H, W)
+        target = labels[start : start + batch_size]
+        with autocast(images.device, amp_dtype):
+            logits = model(batch).float()  # (B, classes)
+        loss_sum += F.cross_entropy(logits, target, reduction="sum")
+        correct += (logits.argmax(dim=1) == target).sum()
+    return loss_sum.item() / labels.numel(), correct.item() / labels.numel()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Head geometry and checkpoints
+# ----------------------------------------------------------------------------------------------------
+
+
+def head_snapshot(model: nn.Module, epoch: int) -> dict[str, Any] | None:
+    """Every head's centre and ``Sigma^-1`` per layer (Figure 2's trajectories); None if it has none."""
+    geometry = model.head_geometry() if hasattr(model, "head_geometry") else None
+    if geometry is None:
+        return None
+    layers = [{key: value.float().cpu().tolist() for key, value in layer.items()} for layer in geometry]
+    return {"epoch": epoch, "layers": layers}
+
+
+def _rng_state(generator: torch.Generator, device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"data": generator.get_state(), "torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _restore_rng(state: dict[str, Any], generator: torch.Generator, device: torch.device) -> None:
+    generator.set_state(state["data"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    elif device.type == "cuda":  # a CPU checkpoint continued on a GPU: not bit-exact anyway, say so
+        log.warning(
+            "checkpoint has no CUDA RNG state (written on the CPU); CUDA dropout continues from the seed"
+        )
+
+
+def heads_of(model: nn.Module) -> list[int] | None:
+    """Heads per layer of a self-attention model (pruned models differ from the config); None for ResNet."""
+    heads = getattr(model, "heads_per_layer", None)
+    return list(heads) if heads is not None else None
+
+
+def write_checkpoint(
+    directory: Path, trial: Trial, model_cfg: ModelConfig, train_cfg: TrainConfig, data_info: dict[str, Any]
+) -> None:
+    """``checkpoint.pt`` (loads with ``weights_only=True``) and, for Gaussian heads, ``head_history.json``."""
+    device = next(trial.model.parameters()).device
+    payload = {
+        "model": trial.model.state_dict(),
+        "optimizer": trial.optimizer.state_dict(),
+        "scheduler": trial.scheduler.state_dict(),
+        "epoch": trial.epoch,
+        "rng": _rng_state(trial.generator, device),
+        "model_config": model_cfg.model_dump(),
+        "train_config": train_cfg.model_dump(),
+        "heads_per_layer": heads_of(trial.model),
+        "metrics_history": [dict(m) for m in trial.metrics_history],
+        **data_info,  # image_shape, num_classes
+    }
+    torch.save(payload, directory / CHECKPOINT_FILE)
+    if trial.head_history:
+        (directory / HEAD_HISTORY_FILE).write_text(json.dumps(trial.head_history))
+
+
+def load_checkpoint(checkpoint_dir: Path) -> dict:
+    """The contents of ``checkpoint.pt`` in ``checkpoint_dir``, tensors on the CPU."""
+    path = Path(checkpoint_dir) / CHECKPOINT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no checkpoint (expected a directory written by pipeline.train)")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_head_history(checkpoint_dir: Path) -> list[dict[str, Any]]:
+    """Per-epoch head geometry recorded so far; empty for models without Gaussian heads."""
+    path = Path(checkpoint_dir) / HEAD_HISTORY_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def _model_for(checkpoint: dict, model_cfg: ModelConfig, heads_per_layer: list[int] | None) -> nn.Module:
+    channels, size, _ = checkpoint["image_shape"]
+    return build_model(
+        model_cfg,
+        image_size=size,
+        in_channels=channels,
+        num_classes=checkpoint["num_classes"],
+        heads_per_layer=heads_per_layer,
+    )
+
+
+def model_from_checkpoint(checkpoint_dir: Path) -> nn.Module:
+    """The checkpoint's model (its own config and heads per layer, e.g. pruned), on the CPU, in eval mode."""
+    checkpoint = load_checkpoint(checkpoint_dir)
+    model_cfg = ModelConfig.model_validate(checkpoint["model_config"])
+    model = _model_for(checkpoint, model_cfg, checkpoint["heads_per_layer"])
+    model.load_state_dict(checkpoint["model"])
+    return model.eval()
+
+
+def save_model_checkpoint(
+    directory: Path,
+    model: nn.Module,
+    model_cfg: ModelConfig,
+    *,
+    image_shape: tuple[int, int, int],
+    num_classes: int,
+) -> None:
+    """A weights-only checkpoint (e.g. of a pruned model) for ``init_from`` and ``model_from_checkpoint``."""
+    payload = {
+        "model": model.state_dict(),
+        "model_config": model_cfg.model_dump(),
+        "heads_per_layer": heads_of(model),
+        "image_shape": list(image_shape),
+        "num_classes": num_classes,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, directory / CHECKPOINT_FILE)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The trial
+# ----------------------------------------------------------------------------------------------------
+
+
+def _start(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    data: PreparedData,
+    device: torch.device,
+    *,
+    resume: dict | None,
+    init: dict | None,
+    heads_per_layer: list[int] | None,
+) -> Trial:
+    """Build model, optimiser, scheduler and generator: fresh (seeded), from ``init`` weights, or resumed."""
+    torch.manual_seed(train_cfg.seed)  # model init and dropout; also seeds CUDA
+    source = resume or init
+    if heads_per_layer is None and source is not None:
+        heads_per_layer = source["heads_per_layer"]
+    channels, size, _ = data.image_shape
+    model = build_model(
+        model_cfg,
+        image_size=size,
+        in_channels=channels,
+        num_classes=data.num_classes,
+        heads_per_layer=heads_per_layer,
+    )
+    if source is not None:
+        model.load_state_dict(source["model"])
+    model.to(device)
+    optimizer = build_optimizer(model, train_cfg)
+    steps_per_epoch = math.ceil(data.train_labels.numel() / train_cfg.batch_size)
+    scheduler = build_scheduler(optimizer, train_cfg, steps_per_epoch)
+    generator = torch.Generator().manual_seed(train_cfg.seed)
+    trial = Trial(model, optimizer, scheduler, generator)
+    if resume is not None:
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        _restore_rng(resume["rng"], generator, device)
+        trial.epoch = resume["epoch"]
+        trial.metrics_history = list(resume["metrics_history"])
+    return trial
+
+
+def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.dtype | None) -> float:
+    """``train.compile``: wrap the model and compile its train and eval graphs now, so epoch times exclude it.
+
+    The warm-up runs a forward/backward and an eval forward on the first batches, then puts back every state
+    it touched (RNGs for dropout, buffers such as BatchNorm statistics, gradients), so training is unchanged.
+    Returns the compilation time in seconds.
+    """
+    model, device = trial.model, data.train_labels.device
+    trial.runner = torch.compile(model)  # shares model's parameters; the checkpoint keeps the eager names
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    started = time.perf_counter()
+    images = data.normalise(data.train_images[: cfg.batch_size].float().div(255))  # (B, C, H, W)
+    model.train()
+    with autocast(device, amp_dtype):
+        logits = trial.runner(images)
+    F.cross_entropy(logits.float(), data.train_labels[: cfg.batch_size]).backward()
+    evaluate(trial.runner, data.test_images[: cfg.eval_batch_size], data.test_labels[: cfg.eval_batch_size],
+             data, cfg.eval_batch_size, amp_dtype)  # fmt: skip
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
+    torch.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state_all(cuda_rng)
+    return seconds
+
+
+def _check_resumable(checkpoint: dict, model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:
+    """A checkpoint only continues the run it came from; anything else is silently a different experiment."""
+    if checkpoint["model_config"] != model_cfg.model_dump():
+        raise ValueError("resume_from: the checkpoint's model_config differs from the trial's")
+    free = {"device", "eval_batch_size"}  # may change between machines without changing the experiment
+    saved = {k: v for k, v in checkpoint["train_config"].items() if k not in free}
+    if saved != {k: v for k, v in train_cfg.model_dump().items() if k not in free}:
+        raise ValueError(
+            f"resume_from: the checkpoint's train_config differs from the trial's (except {sorted(free)})"
+        )
+
+
+def _log_epoch(metrics: dict[str, float], epochs: int) -> None:
+    log.info(
+        "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  lr %.5f  %.1f s  %.0f img/s",
+        metrics["epoch"], epochs, metrics["train_loss"], metrics["train_acc"], metrics["test_loss"],
+        metrics["test_acc"], metrics["lr"], metrics["epoch_time_s"], metrics["images_per_s"],
+    )  # fmt: skip
+
+
+def run_trial(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    data: PreparedData,
+    reporter: Reporter,
+    *,
+    resume_from: Path | None = None,
+    init_from: Path | None = None,
+    heads_per_layer: list[int] | None = None,
+) -> dict[str, float]:
+    """Train for ``train_cfg.epochs`` epochs, calling ``reporter(metrics, checkpoint_dir)`` after each one.
+
+    Args:
+        resume_from: a checkpoint directory written by this module; training continues after its epoch with
+            every state (weights, optimiser, schedule, RNGs, metrics and head history) restored.
+        init_from: a checkpoint directory whose weights (and heads per layer) start a *new* run, e.g.
+            fine-tuning a pruned model; optimiser, schedule and epoch count start afresh.
+        heads_per_layer: heads of each attention layer, overriding ``model_cfg.heads`` (and ``init_from``'s).
+
+    Metrics (``METRIC_KEYS``, scalars): ``epoch`` counts completed epochs (an int, from 1); ``train_loss`` and
+    ``train_acc`` average the epoch's training batches (dropout and augmentation on); ``test_*`` come from one
+    evaluation in eval mode after the epoch; ``lr`` is the rate of the epoch's last optimiser step;
+    ``epoch_time_s`` times the training pass alone (no evaluation, no checkpoint) and ``images_per_s`` is the
+    number of training images over it. Returns the final epoch's metrics (the resumed checkpoint's when
+    nothing was left to train).
+    """
+    if resume_from is not None and init_from is not None:
+        raise ValueError("pass resume_from (continue a run) or init_from (start a new one), not both")
+    device = resolve_device(train_cfg)
+    amp_dtype = autocast_dtype(train_cfg, device)
+    resume = load_checkpoint(resume_from) if resume_from is not None else None
+    if resume is not None:
+        _check_resumable(resume, model_cfg, train_cfg)
+    init = load_checkpoint(init_from) if init_from is not None else None
+    trial = _start(
+        model_cfg, train_cfg, data, device, resume=resume, init=init, heads_per_layer=heads_per_layer
+    )
+    if resume_from is not None:
+        trial.head_history = load_head_history(resume_from)
+    elif (snapshot := head_snapshot(trial.model, 0)) is not None:
+        trial.head_history = [snapshot]
+    on_device = DeviceData.from_prepared(data, device)
+    data_info = {"image_shape": list(data.image_shape), "num_classes": data.num_classes}
+    log.info("trial on %s; epochs %d..%d", describe_device(train_cfg), trial.epoch + 1, train_cfg.epochs)
+    if train_cfg.compile:
+        log.info(
+            "torch.compile: train and eval graphs compiled in %.1f s",
+            _compile(trial, on_device, train_cfg, amp_dtype),
+        )
+
+    while trial.epoch < train_cfg.epochs:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        metrics = train_one_epoch(trial, on_device, train_cfg, amp_dtype)  # .item() at the end synchronises
+        seconds = time.perf_counter() - started
+        trial.epoch += 1
+        test_loss, test_acc = evaluate(
+            trial.runner,
+            on_device.test_images,
+            on_device.test_labels,
+            on_device,
+            train_cfg.eval_batch_size,
+            amp_dtype,
+        )
+        n_train = on_device.train_labels.numel()
+        metrics = {
+            "epoch": trial.epoch, **metrics, "test_loss": test_loss, "test_acc": test_acc,
+            "epoch_time_s": seconds, "images_per_s": n_train / seconds,
+        }  # fmt: skip
+        metrics = {key: float(metrics[key]) for key in METRIC_KEYS} | {
+            "epoch": trial.epoch
+        }  # epoch stays an int
+        trial.metrics_history.append(metrics)
+        if (snapshot := head_snapshot(trial.model, trial.epoch)) is not None:
+            trial.head_history.append(snapshot)
+        _log_epoch(metrics, train_cfg.epochs)
+        with tempfile.TemporaryDirectory(prefix="trial-checkpoint-") as tmp:
+            write_checkpoint(Path(tmp), trial, model_cfg, train_cfg, data_info)
+            reporter(dict(metrics), Path(tmp))
+    return dict(trial.metrics_history[-1]) if trial.metrics_history else {}
+
+
+__all__ = [
+    "METRIC_KEYS",
+    "DeviceData",
+    "DivergedError",
+    "Reporter",
+    "Trial",
+    "WarmupCosine",
+    "augment_batch",
+    "build_optimizer",
+    "build_scheduler",
+    "describe_device",
+    "evaluate",
+    "load_checkpoint",
+    "load_head_history",
+    "model_from_checkpoint",
+    "run_trial",
+    "save_model_checkpoint",
+    "train_one_epoch",
+]

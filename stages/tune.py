@@ -1,0 +1,76 @@
+"""Train every model variant x seed of the sweep as a Ray Tune trial, tracked in MLflow.
+
+Reads:  params.yaml sections model, train, variants, sweep, tracking, seed; data.prepared_dir (stages.prepare).
+Writes: results/tune/manifest.json  MLflow tracking URI, experiment and parent run ids, and per trial: run id,
+                                    variant, seed, status, final metrics, last checkpoint dir, head-centre history
+        results/tune/metrics.json   final test accuracy per variant (mean/std over seeds) for `dvc metrics show`
+Side effects (never DVC outs): MLflow runs (tracking.uri, default sqlite <project>/mlflow.db) and Ray results
+(sweep.storage_path/tune-<params hash>). An interrupted run (Ctrl-C) is restored from there by the next run.
+Ray: attaches to sweep.ray_address or $RAY_ADDRESS when set, else starts a local Ray. --dry-run starts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+from pathlib import Path
+
+from pipeline.config import Params
+from pipeline.local_ray import keep_local_ray_on_loopback, ray_address
+from stages._cli import PROJECT_ROOT, main_for, make_parser
+
+log = logging.getLogger("stages.tune")
+OUT_DIR = PROJECT_ROOT / "results" / "tune"
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Atomically: a reader (or an interrupted run) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def summary(trials: list[dict]) -> dict:
+    """Final test accuracy per variant: mean, std and count over seeds (finished and early-stopped trials)."""
+    per_variant: dict[str, list[float]] = {}
+    for trial in trials:
+        if "test_acc" in trial["metrics"]:
+            per_variant.setdefault(trial["variant"], []).append(trial["metrics"]["test_acc"])
+    return {variant: {"test_acc": statistics.fmean(accs), "test_acc_std": statistics.pstdev(accs), "seeds": len(accs)}
+            for variant, accs in sorted(per_variant.items())}  # fmt: skip
+
+
+def stage(args: argparse.Namespace, params: Params) -> int:
+    if ray_address(params.sweep) is None:
+        keep_local_ray_on_loopback()  # before Ray is imported
+    from pipeline import sweep  # imports Ray and MLflow: after params are valid, so --help stays fast
+
+    if args.dry_run:
+        print(sweep.describe_plan(params, PROJECT_ROOT))
+        return 0
+    from pipeline.data import load_prepared
+
+    data = load_prepared(PROJECT_ROOT / params.data.prepared_dir)
+    outcome = sweep.run_sweep(params, data, PROJECT_ROOT)
+    if outcome.interrupted:
+        return 130
+    manifest = outcome.manifest(params)
+    write_json(OUT_DIR / "manifest.json", manifest)
+    write_json(OUT_DIR / "metrics.json", summary(manifest["trials"]))
+    log.info("wrote %s (parent run %s)", OUT_DIR / "manifest.json", outcome.sweep.parent_run_id)
+    if outcome.failed:
+        log.error("some trials failed after their retries; re-run to resume them from their checkpoints")
+        return 1
+    return 0
+
+
+parser = make_parser(__doc__)
+parser.add_argument("--dry-run", action="store_true", help="print the trial grid and where it would run; start nothing")
+main = main_for(stage, parser)
+
+if __name__ == "__main__":
+    sys.exit(main())

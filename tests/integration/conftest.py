@@ -1,0 +1,136 @@
+"""Real tools, started once per test session: a local Ray, an MLflow server, and the project in a temporary git repo.
+
+Everything listens on 127.0.0.1 only. The sweep's stage runs as a subprocess (``dvc repro`` or ``python -m
+stages.tune``) that attaches to the session's Ray through ``RAY_ADDRESS`` and logs to the session's MLflow server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=300 * 1024**2, _node_ip_address="127.0.0.1",
+             log_to_driver=False)  # fmt: skip
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@dataclass(frozen=True)
+class MlflowServer:
+    uri: str
+    process: subprocess.Popen
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    home = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
+               "--artifacts-destination", str(home / "mlartifacts"), "--host", "127.0.0.1", "--port", str(port),
+               "--workers", "1"]  # fmt: skip
+    log = (home / "server.log").open("w")
+    process = subprocess.Popen(command, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {(home / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield MlflowServer(uri, process)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)  # the server and its uvicorn worker, by our own process group
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+def tiny_params(**sweep: object) -> dict:
+    """The project's params shrunk: 2 variants, 2 epochs, smallest widths."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["model"].update(hidden=16, ffn=32, layers=1, learned_dim=8, resnet_width=4)
+    params["train"].update(epochs=2)
+    params["sweep"].update(variants=["sa_quadratic_9", "resnet18"], seeds=[0], max_concurrent_trials=2,
+                           resources={"cpu": 1, "gpu": 0}, **sweep)  # fmt: skip
+    return params
+
+
+@dataclass
+class Project:
+    """A git copy of the project where the real ``dvc`` and stages run."""
+
+    path: Path
+    env: dict[str, str]
+
+    def write_params(self, params: dict) -> None:
+        (self.path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    def run(self, *command: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        done = subprocess.run(command, cwd=self.path, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise AssertionError(f"{command} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+        return done
+
+    def dvc(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run("dvc", *args)
+
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory: pytest.TempPathFactory, ray_address: str, mlflow_server: MlflowServer) -> Project:
+    """Tracked + not-ignored files of the working tree, committed in a fresh git repo, params shrunk."""
+    path = tmp_path_factory.mktemp("project")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    for name in listed:
+        source = ROOT / name
+        if source.is_file() and name != "dvc.lock":
+            (path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, path / name)
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "RAY_ADDRESS": ray_address,
+           "MLFLOW_DISABLE_TELEMETRY": "true", "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@localhost",
+           "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}  # fmt: skip
+    env.pop("PYTHONPATH", None)
+    copy = Project(path, env)
+    copy.write_params({**tiny_params(fail_once_after_epoch=1), "tracking": {"uri": mlflow_server.uri,
+                                                                            "experiment": "it-sweep"}})
+    copy.run("git", "init", "-q")
+    copy.run("git", "add", "-A")
+    copy.run("git", "commit", "-q", "-m", "tiny profile")
+    return copy

@@ -1,0 +1,172 @@
+"""`dvc repro` of prepare -> tune on the tiny profile, against a real Ray, MLflow server and DVC.
+
+One sweep (2 variants x 1 seed, 2 epochs, every trial failing once after epoch 1) is reused by the assertions on the
+MLflow run tree, the manifest, retries, the no-op re-run and the UI; later tests change params and interrupt a sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from pipeline.config import load_params
+from pipeline.sweep import experiment_name
+
+if TYPE_CHECKING:
+    from conftest import Project
+
+pytestmark = pytest.mark.slow
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def swept(project: Project) -> dict:
+    started = time.monotonic()
+    done = project.dvc("repro")
+    manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
+    return {"output": done.stdout + done.stderr, "manifest": manifest, "seconds": time.monotonic() - started}
+
+
+def children(client: MlflowClient, manifest: dict) -> list:
+    query = f"tags.`mlflow.parentRunId` = '{manifest['parent_run_id']}'"
+    return client.search_runs([manifest["experiment_id"]], query)
+
+
+def test_run_tree_in_mlflow(swept: dict) -> None:
+    manifest = swept["manifest"]
+    client = MlflowClient(manifest["tracking_uri"])
+    parent = client.get_run(manifest["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    runs = children(client, manifest)
+    assert sorted(r.info.run_name for r in runs) == ["resnet18-seed0", "sa_quadratic_9-seed0"]
+    everything = client.search_runs([manifest["experiment_id"]])
+    assert len(everything) == 3  # no duplicate run although every trial failed once and was retried
+    assert not [r for r in everything if r.info.status == "RUNNING"]
+    for run in runs:
+        tags = run.data.tags
+        for key in ("ray.trial_id", "git_commit", "dvc_stage", "params_hash", "variant", "seed", "ray.node_id",
+                    "device_name"):  # fmt: skip
+            assert tags.get(key), key
+        assert tags["tune.retries"] == "1" and tags["tune.status"] == "finished"
+        assert run.data.params["train.epochs"] == "2" and run.data.params["model.hidden"] == "16"
+        for key in ("test_acc", "train_loss", "images_per_s"):
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            assert steps == [1, 2], (key, steps)  # the retry continued at epoch 2, nothing logged twice
+        artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")]
+        assert "checkpoint/checkpoint.pt" in artifacts
+        if tags["variant"] == "sa_quadratic_9":
+            assert "checkpoint/head_history.json" in artifacts
+
+
+def test_manifest_for_later_stages(swept: dict, project: Project) -> None:
+    manifest = swept["manifest"]
+    assert manifest["tracking_uri"].startswith("http://127.0.0.1:")
+    assert {t["variant"] for t in manifest["trials"]} == {"sa_quadratic_9", "resnet18"}
+    for trial in manifest["trials"]:
+        assert trial["run_id"] and trial["seed"] == 0 and trial["status"] == "finished"
+        assert trial["epochs_completed"] == 2 and 0.0 <= trial["metrics"]["test_acc"] <= 1.0
+        checkpoint = Path(trial["checkpoint_dir"])
+        assert checkpoint.is_absolute() and (checkpoint / "checkpoint.pt").is_file()
+        if trial["variant"] == "sa_quadratic_9":
+            history = json.loads(Path(trial["head_history"]).read_text())
+            assert [h["epoch"] for h in history] == [0, 1, 2]
+    shown = project.dvc("metrics", "show")
+    assert "sa_quadratic_9" in shown.stdout and "test_acc" in shown.stdout
+
+
+def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
+    done = project.dvc("repro")
+    output = done.stdout + done.stderr
+    assert "didn't change" in output or "up to date" in output
+    assert "Running stage" not in output
+
+
+def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    if not CHROMIUM.exists():
+        pytest.skip("headless Chromium not installed (/usr/bin/chromium; apt-get install chromium)")
+    manifest = swept["manifest"]
+    client = MlflowClient(manifest["tracking_uri"])
+    child = children(client, manifest)[0]
+    parent = client.get_run(manifest["parent_run_id"])
+    pages = {
+        "experiment": f"{manifest['tracking_uri']}/#/experiments/{manifest['experiment_id']}",
+        "child": f"{manifest['tracking_uri']}/#/experiments/{manifest['experiment_id']}/runs/{child.info.run_id}",
+    }
+    dom = ""
+    for name, url in pages.items():
+        profile = tempfile.mkdtemp(dir=tmp_path)
+        command = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                   f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--window-size=1400,1000"]  # fmt: skip
+        shot = subprocess.run([*command, f"--screenshot={tmp_path / name}.png", url], capture_output=True, timeout=120)
+        assert shot.returncode == 0, shot.stderr[-2000:]
+        dumped = subprocess.run([*command, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+        assert dumped.returncode == 0, dumped.stderr[-2000:]
+        dom += dumped.stdout
+    assert parent.info.run_name in dom
+    assert child.info.run_name in dom
+
+
+def test_changing_a_sweep_param_reruns_only_tune(swept: dict, project: Project) -> None:
+    params = yaml.safe_load((project.path / "params.yaml").read_text())
+    params["sweep"]["variants"] = ["resnet18"]
+    project.write_params(params)
+    output = "".join(project.dvc("repro").stdout)
+    assert "Stage 'prepare' didn't change" in output and "Running stage 'tune'" in output
+    manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
+    assert [t["variant"] for t in manifest["trials"]] == ["resnet18"]
+    assert manifest["parent_run_id"] != swept["manifest"]["parent_run_id"]
+    diff = project.dvc("params", "diff").stdout
+    assert "sweep.variants" in diff
+
+
+def test_interrupted_sweep_restores(swept: dict, project: Project) -> None:  # swept: data/prepared exists
+    params = yaml.safe_load((project.path / "params.yaml").read_text())
+    params["train"]["epochs"] = 12
+    params["sweep"]["fail_once_after_epoch"] = None
+    project.write_params(params)
+    path = project.path / "results/ray" / experiment_name(load_params(project.path / "params.yaml"))
+    first = subprocess.Popen(["python", "-m", "stages.tune"], cwd=project.path, env=project.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(path.glob("*/checkpoint_000001")):
+        if first.poll() is not None or time.monotonic() > deadline:
+            first.kill()
+            raise AssertionError(f"no second checkpoint before the end:\n{first.communicate()[0][-3000:]}")
+        time.sleep(0.1)
+    first.send_signal(signal.SIGINT)  # what Ctrl-C on `dvc repro` delivers to the stage
+    output, _ = first.communicate(timeout=120)
+    assert first.returncode == 130, output[-3000:]
+    record = json.loads((path / "mlflow_parent_run.json").read_text())
+    client = MlflowClient(record["tracking_uri"])
+    before = {r.info.run_id: r for r in children(client, record)}
+    assert client.get_run(record["parent_run_id"]).info.status == "KILLED"
+    assert before and all(r.info.status == "KILLED" for r in before.values())
+
+    second = project.run("python", "-m", "stages.tune")
+    assert "restoring the interrupted sweep" in second.stderr
+    after = {r.info.run_id: r for r in children(client, record)}
+    assert after.keys() == before.keys()  # the same runs continued, no duplicates
+    for run in after.values():
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "test_acc")]
+        assert sorted(set(steps)) == list(range(1, 13)), steps
+    assert client.get_run(record["parent_run_id"]).info.status == "FINISHED"
+
+
+def test_local_ray_talks_over_loopback_only(ray_address: str) -> None:
+    import ray
+
+    assert ray_address.startswith("127.0.0.1:")
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}

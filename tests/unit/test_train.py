@@ -1,0 +1,362 @@
+"""One trial: schedule, optimiser groups, augmentation, checkpoints, resume, divergence, digits smoke."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.config import ModelConfig, TrainConfig, load_params
+from pipeline.data import PreparedData, prepare_dataset
+from pipeline.device import describe_device
+from pipeline.models import build_model
+from pipeline.train import (
+    METRIC_KEYS,
+    DivergedError,
+    WarmupCosine,
+    augment_batch,
+    build_optimizer,
+    build_scheduler,
+    load_checkpoint,
+    load_head_history,
+    model_from_checkpoint,
+    run_trial,
+    save_model_checkpoint,
+)
+
+PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+TINY_SA = ModelConfig(hidden=8, layers=2, heads=4, ffn=16, learned_dim=8, resnet_width=4)
+TINY_TRAIN = TrainConfig(epochs=3, batch_size=16, eval_batch_size=32, device="cpu", crop_padding=1, seed=3)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on a shared CPU their spin-waits cost 10x the time."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def synthetic_data(n_train: int = 48, n_test: int = 24, size: int = 8, classes: int = 4) -> PreparedData:
+    """Random uint8 images: enough to exercise every code path in well under a second."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n_train + n_test, 3, size, size), generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, classes, (n_train + n_test,), generator=g)
+    return PreparedData(
+        train_images=images[:n_train],
+        train_labels=labels[:n_train],
+        test_images=images[n_train:],
+        test_labels=labels[n_train:],
+        classes=tuple(str(c) for c in range(classes)),
+        mean=(0.5, 0.5, 0.5),
+        std=(0.25, 0.25, 0.25),
+    )
+
+
+class Recorder:
+    """A reporter keeping the metrics and a copy of every checkpoint dir (valid only during the call)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.metrics: list[dict[str, float]] = []
+        self.dirs: list[Path] = []
+
+    def __call__(self, metrics: dict[str, float], checkpoint_dir: Path) -> None:
+        self.metrics.append(metrics)
+        self.dirs.append(self.root / f"epoch_{metrics['epoch']}")
+        shutil.copytree(checkpoint_dir, self.dirs[-1])
+
+
+# --- schedule ---
+
+
+def test_warmup_cosine_rises_linearly_then_decays_to_zero():
+    factor = WarmupCosine(total=100, warmup_fraction=0.1)
+    values = [factor(t) for t in range(100)]
+    assert values[:11] == pytest.approx([t / 10 for t in range(11)])
+    assert all(
+        a > b for a, b in zip(values[10:], values[11:], strict=False)
+    )  # strictly decreasing after warm-up
+    assert values[55] == pytest.approx(0.5)  # half-way through the cosine
+    assert values[-1] < 1e-3
+
+
+def test_step_schedule_updates_every_step():
+    cfg = TINY_TRAIN.model_copy(update={"epochs": 4, "warmup_fraction": 0.25, "schedule": "step"})
+    optimizer = build_optimizer(build_model(TINY_SA, image_size=8), cfg)
+    scheduler = build_scheduler(optimizer, cfg, steps_per_epoch=5)
+    lrs = []
+    for _ in range(20):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == 0.0 and lrs[5] == pytest.approx(cfg.lr)
+    assert lrs[1:6] == sorted(lrs[1:6]) and lrs[5:] == sorted(lrs[5:], reverse=True)
+    assert lrs[-1] < 0.02 * cfg.lr
+
+
+def test_epoch_schedule_trains_epoch_zero_at_lr_zero():
+    """The authors' code steps the schedule once per epoch, so the whole first epoch has lr 0."""
+    cfg = TINY_TRAIN.model_copy(update={"epochs": 4, "warmup_fraction": 0.5, "schedule": "epoch"})
+    lrs: list[float] = []
+    run_trial(TINY_SA, cfg, synthetic_data(), lambda m, _: lrs.append(m["lr"]))
+    assert lrs == pytest.approx([0.0, 0.5 * cfg.lr, cfg.lr, 0.5 * cfg.lr])
+
+
+# --- optimiser groups ---
+
+
+@pytest.mark.parametrize("encoding", ["quadratic", "generalized_quadratic", "learned"])
+def test_no_weight_decay_on_centres_and_spreads(encoding):
+    model = build_model(TINY_SA.model_copy(update={"encoding": encoding}), image_size=8)
+    optimizer = build_optimizer(model, TINY_TRAIN)
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert groups["decay"]["weight_decay"] == TINY_TRAIN.weight_decay
+    decayed = {names[id(p)] for p in groups["decay"]["params"]}
+    assert len(decayed) + len(model.no_weight_decay()) == len(names)  # every parameter in exactly one group
+    if encoding == "learned":
+        assert "no_decay" not in groups
+        return
+    free = {names[id(p)] for p in groups["no_decay"]["params"]}
+    assert groups["no_decay"]["weight_decay"] == 0.0
+    assert free == model.no_weight_decay() and free.isdisjoint(decayed)
+    assert {n.rsplit(".", 1)[1] for n in free} == (
+        {"centres", "spreads"} if encoding == "quadratic" else {"centres", "sqrt_sigma_inv"}
+    )
+
+
+def test_resnet_decays_every_parameter():
+    model = build_model(TINY_SA.model_copy(update={"arch": "resnet18"}), image_size=8)
+    (group,) = build_optimizer(model, TINY_TRAIN).param_groups
+    assert group["weight_decay"] == TINY_TRAIN.weight_decay
+    assert len(group["params"]) == len(list(model.parameters()))
+
+
+# --- augmentation ---
+
+
+def test_augmentation_keeps_shape_and_is_deterministic():
+    images = torch.rand(6, 3, 8, 8)
+    first = augment_batch(images, 2, torch.Generator().manual_seed(1))
+    again = augment_batch(images, 2, torch.Generator().manual_seed(1))
+    other = augment_batch(images, 2, torch.Generator().manual_seed(2))
+    assert first.shape == images.shape and first.dtype == images.dtype
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+def test_augmentation_is_a_padded_crop_possibly_flipped():
+    padding = 1
+    images = torch.rand(5, 3, 6, 6)
+    out = augment_batch(images, padding, torch.Generator().manual_seed(0))
+    padded = torch.nn.functional.pad(images, (padding,) * 4)
+    for image, result in zip(padded, out, strict=True):
+        candidates = [
+            crop.flip(-1) if flip else crop
+            for dy in range(2 * padding + 1)
+            for dx in range(2 * padding + 1)
+            for crop in [image[:, dy : dy + 6, dx : dx + 6]]
+            for flip in (False, True)
+        ]
+        assert any(torch.equal(result, c) for c in candidates)
+
+
+# --- checkpoints and resume ---
+
+
+@pytest.mark.parametrize("encoding", ["generalized_quadratic", "resnet18"])
+def test_resume_is_bit_exact(tmp_path, encoding):
+    """3 epochs straight == 2 epochs, then resume for 1: every weight, buffer, optimiser state bit for bit."""
+    update = {"arch": "resnet18"} if encoding == "resnet18" else {"encoding": encoding}
+    model_cfg = TINY_SA.model_copy(update=update)
+    data = synthetic_data()
+    straight = Recorder(tmp_path / "straight")
+    run_trial(model_cfg, TINY_TRAIN, data, straight)
+    resumed = Recorder(tmp_path / "resumed")
+    final = run_trial(model_cfg, TINY_TRAIN, data, resumed, resume_from=straight.dirs[1])
+    assert [m["epoch"] for m in resumed.metrics] == [3] and final == resumed.metrics[0]
+    expected, actual = load_checkpoint(straight.dirs[2]), load_checkpoint(resumed.dirs[0])
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][name]), name
+    for key, state in expected["optimizer"]["state"].items():
+        assert torch.equal(state["momentum_buffer"], actual["optimizer"]["state"][key]["momentum_buffer"])
+    assert expected["scheduler"] == actual["scheduler"]
+    assert torch.equal(expected["rng"]["data"], actual["rng"]["data"])
+    assert torch.equal(expected["rng"]["torch"], actual["rng"]["torch"])
+    untimed = [
+        {k: v for k, v in m.items() if k not in ("epoch_time_s", "images_per_s")} for m in straight.metrics
+    ]
+    resumed_history = [
+        {k: v for k, v in m.items() if k not in ("epoch_time_s", "images_per_s")}
+        for m in actual["metrics_history"]
+    ]
+    assert resumed_history == untimed
+    assert load_head_history(resumed.dirs[0]) == load_head_history(straight.dirs[2])
+
+
+def test_resume_from_a_run_interrupted_in_its_own_process(tmp_path):
+    """The realistic failure: the same trial killed after epoch 2 and restarted from its checkpoint."""
+    data = synthetic_data()
+    straight, interrupted, resumed = (
+        Recorder(tmp_path / "a"),
+        Recorder(tmp_path / "b"),
+        Recorder(tmp_path / "c"),
+    )
+    run_trial(TINY_SA, TINY_TRAIN, data, straight)
+
+    def stop_after_two(metrics, checkpoint_dir):
+        interrupted(metrics, checkpoint_dir)
+        if metrics["epoch"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(TINY_SA, TINY_TRAIN, data, stop_after_two)
+    torch.manual_seed(1234)  # whatever happened in between must not matter
+    run_trial(TINY_SA, TINY_TRAIN, data, resumed, resume_from=interrupted.dirs[-1])
+    expected, actual = load_checkpoint(straight.dirs[-1])["model"], load_checkpoint(resumed.dirs[-1])["model"]
+    assert all(torch.equal(expected[k], actual[k]) for k in expected)
+
+
+def test_checkpoint_contents_load_weights_only(tmp_path):
+    recorder = Recorder(tmp_path)
+    final = run_trial(TINY_SA, TINY_TRAIN, synthetic_data(), recorder)
+    assert tuple(final) == METRIC_KEYS and final == recorder.metrics[-1]
+    assert all(isinstance(v, int | float) for m in recorder.metrics for v in m.values())
+    assert [m["epoch"] for m in recorder.metrics] == [1, 2, 3]
+    checkpoint = torch.load(recorder.dirs[-1] / "checkpoint.pt", weights_only=True)
+    expected_keys = {"model", "optimizer", "scheduler", "epoch", "rng", "model_config", "train_config"}
+    expected_keys |= {"heads_per_layer", "image_shape", "num_classes", "metrics_history"}
+    assert expected_keys <= checkpoint.keys()
+    assert checkpoint["epoch"] == 3 and checkpoint["heads_per_layer"] == [4, 4]
+    assert checkpoint["image_shape"] == [3, 8, 8] and checkpoint["num_classes"] == 4
+    assert ModelConfig.model_validate(checkpoint["model_config"]) == TINY_SA
+    assert TrainConfig.model_validate(checkpoint["train_config"]) == TINY_TRAIN
+    assert len(checkpoint["metrics_history"]) == 3
+
+
+def test_head_history_has_init_and_every_epoch(tmp_path):
+    recorder = Recorder(tmp_path)
+    run_trial(TINY_SA, TINY_TRAIN, synthetic_data(), recorder)
+    history = load_head_history(recorder.dirs[-1])
+    assert [h["epoch"] for h in history] == [0, 1, 2, 3]
+    layer = history[0]["layers"][0]
+    assert torch.tensor(layer["centres"]).shape == (4, 2) and torch.tensor(layer["sigma_inv"]).shape == (
+        4,
+        2,
+        2,
+    )
+    assert history[0]["layers"] != history[-1]["layers"]  # the centres moved
+    model = model_from_checkpoint(recorder.dirs[-1])
+    assert torch.tensor(history[-1]["layers"][1]["centres"]).equal(model.head_geometry()[1]["centres"])
+
+
+def test_no_head_history_for_the_learned_encoding(tmp_path):
+    recorder = Recorder(tmp_path)
+    cfg = TINY_SA.model_copy(update={"encoding": "learned"})
+    run_trial(cfg, TINY_TRAIN.model_copy(update={"epochs": 1}), synthetic_data(), recorder)
+    assert not (recorder.dirs[0] / "head_history.json").exists() and load_head_history(recorder.dirs[0]) == []
+
+
+def test_init_from_starts_a_new_run_from_pruned_weights(tmp_path):
+    data = synthetic_data()
+    trained = Recorder(tmp_path / "trained")
+    run_trial(TINY_SA, TINY_TRAIN.model_copy(update={"epochs": 1}), data, trained)
+    model = model_from_checkpoint(trained.dirs[0])
+    model.prune_heads([[0, 2], [3]])
+    save_model_checkpoint(tmp_path / "pruned", model, TINY_SA, image_shape=data.image_shape, num_classes=4)
+    finetune = Recorder(tmp_path / "finetune")
+    cfg = TINY_TRAIN.model_copy(update={"epochs": 2, "lr": 0.01})
+    run_trial(TINY_SA, cfg, data, finetune, init_from=tmp_path / "pruned")
+    assert [m["epoch"] for m in finetune.metrics] == [1, 2]
+    checkpoint = load_checkpoint(finetune.dirs[-1])
+    assert checkpoint["heads_per_layer"] == [2, 1] and len(checkpoint["metrics_history"]) == 2
+    history = load_head_history(finetune.dirs[-1])
+    start = model.head_geometry()
+    assert history[0]["epoch"] == 0
+    assert torch.tensor(history[0]["layers"][0]["centres"]).equal(start[0]["centres"])
+    assert torch.tensor(history[0]["layers"][1]["sigma_inv"]).equal(start[1]["sigma_inv"])
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    recorder = Recorder(tmp_path)
+    data = synthetic_data()
+    run_trial(TINY_SA, TINY_TRAIN.model_copy(update={"epochs": 1}), data, recorder)
+    with pytest.raises(ValueError, match="train_config differs"):
+        run_trial(
+            TINY_SA, TINY_TRAIN.model_copy(update={"lr": 0.5}), data, recorder, resume_from=recorder.dirs[0]
+        )
+    with pytest.raises(ValueError, match="not both"):
+        run_trial(
+            TINY_SA, TINY_TRAIN, data, recorder, resume_from=recorder.dirs[0], init_from=recorder.dirs[0]
+        )
+
+
+# --- divergence and device ---
+
+
+def test_non_finite_loss_raises_diverged_error():
+    poisoned = dataclasses.replace(synthetic_data(), std=(0.0, 0.0, 0.0))  # x / 0: inf and nan inputs
+    with pytest.raises(DivergedError, match="epoch 1, step 0") as caught:
+        run_trial(TINY_SA, TINY_TRAIN, poisoned, lambda m, d: pytest.fail("reported a diverged epoch"))
+    assert not math.isfinite(caught.value.loss)
+    restored = pickle.loads(pickle.dumps(caught.value))  # Ray ships trial errors between processes
+    assert (restored.epoch, restored.step, str(restored)) == (1, 0, str(caught.value))
+
+
+def test_describe_device_gives_string_tags():
+    tags = describe_device(TINY_TRAIN)
+    assert tags["device"] == "cpu" and tags["precision"] == "fp32"
+    assert all(isinstance(v, str) for v in tags.values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_asking_for_cuda_without_one_is_an_error():
+    with pytest.raises(ValueError, match="no CUDA device"):
+        run_trial(
+            TINY_SA, TINY_TRAIN.model_copy(update={"device": "cuda"}), synthetic_data(), lambda m, d: None
+        )
+
+
+# --- the paper's variants on the digits, at the smoke sizes of params.yaml ---
+
+
+@pytest.fixture(scope="module")
+def digits():
+    params = load_params(PARAMS)
+    return params, prepare_dataset(params.data, PARAMS.parent)
+
+
+@pytest.mark.parametrize(
+    "variant", ["sa_quadratic_9", "sa_quadratic_16", "sa_generalized_9", "sa_learned_9", "resnet18"]
+)
+def test_two_epochs_on_digits_beat_chance(digits, variant):
+    """Batch 32 gives 2 short epochs enough steps; no flips, which do not preserve a digit's class."""
+    params, data = digits
+    train_cfg = params.train.model_copy(
+        update={"epochs": 2, "batch_size": 32, "augment": False, "device": "cpu"}
+    )
+    final = run_trial(params.model_for(variant), train_cfg, data, lambda m, d: None)
+    assert final["test_acc"] >= 0.3, final
+
+
+@pytest.mark.slow  # torch.compile (inductor) takes 20 to 40 s on a small CPU
+def test_compile_matches_eager_and_keeps_eager_checkpoint_names(tmp_path):
+    cfg = TINY_TRAIN.model_copy(update={"epochs": 1})
+    eager, compiled = Recorder(tmp_path / "eager"), Recorder(tmp_path / "compiled")
+    run_trial(TINY_SA, cfg, synthetic_data(), eager)
+    run_trial(TINY_SA, cfg.model_copy(update={"compile": True}), synthetic_data(), compiled)
+    assert compiled.metrics[0]["train_loss"] == pytest.approx(eager.metrics[0]["train_loss"], rel=1e-3)
+    assert load_checkpoint(compiled.dirs[0])["model"].keys() == load_checkpoint(eager.dirs[0])["model"].keys()
+    assert isinstance(model_from_checkpoint(compiled.dirs[0]), torch.nn.Module)
+
+
+def test_augmentation_without_flips_only_crops() -> None:
+    images = torch.rand(6, 3, 8, 8)
+    out = augment_batch(images, 0, torch.Generator().manual_seed(0), hflip=False)
+    assert torch.equal(out, images)
