@@ -127,8 +127,9 @@ def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[st
     checkpoint = tune.get_checkpoint()
 
     def reporter(metrics: dict[str, float], checkpoint_dir: Path) -> None:
-        tune.report({**metrics, tracking.TRIAL_TAGS_KEY: where},
-                    checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+        tune.report(
+            {**metrics, tracking.TRIAL_TAGS_KEY: where}, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir))
+        )
         if checkpoint is None and fail_after is not None and metrics["epoch"] == fail_after:
             raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
 
@@ -244,14 +245,20 @@ def _tuner(params: Params, data: PreparedData, path: Path, callback: tracking.Ml
             "fail_once_after_epoch": params.sweep.fail_once_after_epoch,
         },
         tune_config=tune.TuneConfig(
-            metric=METRIC, mode=MODE, scheduler=scheduler,
+            metric=METRIC,
+            mode=MODE,
+            scheduler=scheduler,
             # max_concurrent here: TuneConfig.max_concurrent_trials is ignored with a search_alg instance.
-            search_alg=BasicVariantGenerator(random_state=params.seed,
-                                             max_concurrent=params.sweep.max_concurrent_trials),
+            search_alg=BasicVariantGenerator(
+                random_state=params.seed, max_concurrent=params.sweep.max_concurrent_trials
+            ),
             reuse_actors=True,  # a new trial reuses a finished trial's worker: no second torch import / spawn
         ),  # fmt: skip
         run_config=tune.RunConfig(
-            name=path.name, storage_path=str(path.parent), verbose=1, callbacks=[callback],
+            name=path.name,
+            storage_path=str(path.parent),
+            verbose=1,
+            callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=params.sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         ),  # fmt: skip

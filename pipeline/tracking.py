@@ -70,6 +70,7 @@ def artifact_root(uri: str, project_root: Path) -> str | None:
 
 def git_commit(project_root: Path) -> str:
     """HEAD's sha, suffixed ``-dirty`` when tracked files differ from it; ``unknown`` outside git."""
+
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=project_root, capture_output=True, text=True, check=True)
         return done.stdout.strip()
@@ -110,7 +111,13 @@ def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> 
 
 
 def open_sweep_run(
-    uri: str, experiment: str, experiment_dir: Path, *, run_name: str, tags: dict[str, str], params: dict[str, str],
+    uri: str,
+    experiment: str,
+    experiment_dir: Path,
+    *,
+    run_name: str,
+    tags: dict[str, str],
+    params: dict[str, str],
     project_root: Path,
 ) -> SweepRun:
     """The sweep's parent run: the one recorded in ``experiment_dir`` (a resumed sweep), else a new one."""

@@ -42,9 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Reporter = Callable[
-    [dict[str, float], Path], None
-]  # (epoch metrics, checkpoint dir valid only during the call)
+Reporter = Callable[[dict[str, float], Path], None]  # (epoch metrics, checkpoint dir valid only during the call)
 
 CHECKPOINT_FILE = "checkpoint.pt"
 HEAD_HISTORY_FILE = "head_history.json"
@@ -131,10 +129,7 @@ class DeviceData:
 
     @classmethod
     def from_prepared(cls, data: PreparedData, device: torch.device) -> DeviceData:
-        stats = [
-            torch.tensor(s, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-            for s in (data.mean, data.std)
-        ]
+        stats = [torch.tensor(s, dtype=torch.float32, device=device).view(1, -1, 1, 1) for s in (data.mean, data.std)]
         return cls(
             data.train_images.to(device),
             data.train_labels.to(device),
@@ -282,9 +277,7 @@ def _restore_rng(state: dict[str, Any], generator: torch.Generator, device: torc
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state_all(state["cuda"])
     elif device.type == "cuda":  # a CPU checkpoint continued on a GPU: not bit-exact anyway, say so
-        log.warning(
-            "checkpoint has no CUDA RNG state (written on the CPU); CUDA dropout continues from the seed"
-        )
+        log.warning("checkpoint has no CUDA RNG state (written on the CPU); CUDA dropout continues from the seed")
 
 
 def heads_of(model: nn.Module) -> list[int] | None:
@@ -454,9 +447,7 @@ def _check_resumable(checkpoint: dict, model_cfg: ModelConfig, train_cfg: TrainC
     free = {"device", "eval_batch_size"}  # may change between machines without changing the experiment
     saved = {k: v for k, v in checkpoint["train_config"].items() if k not in free}
     if saved != {k: v for k, v in train_cfg.model_dump().items() if k not in free}:
-        raise ValueError(
-            f"resume_from: the checkpoint's train_config differs from the trial's (except {sorted(free)})"
-        )
+        raise ValueError(f"resume_from: the checkpoint's train_config differs from the trial's (except {sorted(free)})")
 
 
 def _log_epoch(metrics: dict[str, float], epochs: int) -> None:
@@ -501,9 +492,7 @@ def run_trial(
     if resume is not None:
         _check_resumable(resume, model_cfg, train_cfg)
     init = load_checkpoint(init_from) if init_from is not None else None
-    trial = _start(
-        model_cfg, train_cfg, data, device, resume=resume, init=init, heads_per_layer=heads_per_layer
-    )
+    trial = _start(model_cfg, train_cfg, data, device, resume=resume, init=init, heads_per_layer=heads_per_layer)
     if resume_from is not None:
         trial.head_history = load_head_history(resume_from)
     elif (snapshot := head_snapshot(trial.model, 0)) is not None:
@@ -537,9 +526,7 @@ def run_trial(
             "epoch": trial.epoch, **metrics, "test_loss": test_loss, "test_acc": test_acc,
             "epoch_time_s": seconds, "images_per_s": n_train / seconds,
         }  # fmt: skip
-        metrics = {key: float(metrics[key]) for key in METRIC_KEYS} | {
-            "epoch": trial.epoch
-        }  # epoch stays an int
+        metrics = {key: float(metrics[key]) for key in METRIC_KEYS} | {"epoch": trial.epoch}  # epoch stays an int
         trial.metrics_history.append(metrics)
         if (snapshot := head_snapshot(trial.model, trial.epoch)) is not None:
             trial.head_history.append(snapshot)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from pipeline.config import ModelConfig
+from pipeline.models.local_attention import localise_attention
 from pipeline.models.positional import build_encoding
 from pipeline.models.resnet import ResNet18
 from pipeline.models.sa_net import SelfAttentionNet
@@ -39,7 +40,7 @@ def build_model(
         )
         for h in heads
     ]
-    return SelfAttentionNet(
+    model = SelfAttentionNet(
         encodings,
         image_size=image_size,
         in_channels=in_channels,
@@ -51,6 +52,9 @@ def build_model(
         layer_norm_eps=cfg.layer_norm_eps,
         downsample=cfg.downsample,
     )
+    if cfg.attention_window_eps is not None:  # beyond the paper: locality-truncated attention
+        localise_attention(model, cfg.attention_window_eps)
+    return model
 
 
 __all__ = ["ResNet18", "SelfAttentionNet", "build_model"]

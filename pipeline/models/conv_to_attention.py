@@ -121,9 +121,7 @@ def attention_from_conv(conv: nn.Conv1d | nn.Conv2d, alpha: float = DEFAULT_ALPH
     return module
 
 
-def theorem_error_vs_alpha(
-    conv: nn.Conv1d | nn.Conv2d, x: Tensor, alphas: list[float]
-) -> list[tuple[float, float]]:
+def theorem_error_vs_alpha(conv: nn.Conv1d | nn.Conv2d, x: Tensor, alphas: list[float]) -> list[tuple[float, float]]:
     """(alpha, max |MHSA(x) - conv(x)|) per alpha: how fast the construction of Theorem 1 becomes exact."""
     with torch.no_grad():
         expected = conv(x)

@@ -128,8 +128,9 @@ def project(tmp_path_factory: pytest.TempPathFactory, ray_address: str, mlflow_s
            "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}  # fmt: skip
     env.pop("PYTHONPATH", None)
     copy = Project(path, env)
-    copy.write_params({**tiny_params(fail_once_after_epoch=1), "tracking": {"uri": mlflow_server.uri,
-                                                                            "experiment": "it-sweep"}})
+    copy.write_params(
+        {**tiny_params(fail_once_after_epoch=1), "tracking": {"uri": mlflow_server.uri, "experiment": "it-sweep"}}
+    )
     copy.run("git", "init", "-q")
     copy.run("git", "add", "-A")
     copy.run("git", "commit", "-q", "-m", "tiny profile")

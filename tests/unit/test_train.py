@@ -80,9 +80,7 @@ def test_warmup_cosine_rises_linearly_then_decays_to_zero():
     factor = WarmupCosine(total=100, warmup_fraction=0.1)
     values = [factor(t) for t in range(100)]
     assert values[:11] == pytest.approx([t / 10 for t in range(11)])
-    assert all(
-        a > b for a, b in zip(values[10:], values[11:], strict=False)
-    )  # strictly decreasing after warm-up
+    assert all(a > b for a, b in zip(values[10:], values[11:], strict=False))  # strictly decreasing after warm-up
     assert values[55] == pytest.approx(0.5)  # half-way through the cosine
     assert values[-1] < 1e-3
 
@@ -189,12 +187,9 @@ def test_resume_is_bit_exact(tmp_path, encoding):
     assert expected["scheduler"] == actual["scheduler"]
     assert torch.equal(expected["rng"]["data"], actual["rng"]["data"])
     assert torch.equal(expected["rng"]["torch"], actual["rng"]["torch"])
-    untimed = [
-        {k: v for k, v in m.items() if k not in ("epoch_time_s", "images_per_s")} for m in straight.metrics
-    ]
+    untimed = [{k: v for k, v in m.items() if k not in ("epoch_time_s", "images_per_s")} for m in straight.metrics]
     resumed_history = [
-        {k: v for k, v in m.items() if k not in ("epoch_time_s", "images_per_s")}
-        for m in actual["metrics_history"]
+        {k: v for k, v in m.items() if k not in ("epoch_time_s", "images_per_s")} for m in actual["metrics_history"]
     ]
     assert resumed_history == untimed
     assert load_head_history(resumed.dirs[0]) == load_head_history(straight.dirs[2])
@@ -288,13 +283,9 @@ def test_resume_refuses_a_different_config(tmp_path):
     data = synthetic_data()
     run_trial(TINY_SA, TINY_TRAIN.model_copy(update={"epochs": 1}), data, recorder)
     with pytest.raises(ValueError, match="train_config differs"):
-        run_trial(
-            TINY_SA, TINY_TRAIN.model_copy(update={"lr": 0.5}), data, recorder, resume_from=recorder.dirs[0]
-        )
+        run_trial(TINY_SA, TINY_TRAIN.model_copy(update={"lr": 0.5}), data, recorder, resume_from=recorder.dirs[0])
     with pytest.raises(ValueError, match="not both"):
-        run_trial(
-            TINY_SA, TINY_TRAIN, data, recorder, resume_from=recorder.dirs[0], init_from=recorder.dirs[0]
-        )
+        run_trial(TINY_SA, TINY_TRAIN, data, recorder, resume_from=recorder.dirs[0], init_from=recorder.dirs[0])
 
 
 # --- divergence and device ---
@@ -318,9 +309,7 @@ def test_describe_device_gives_string_tags():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
 def test_asking_for_cuda_without_one_is_an_error():
     with pytest.raises(ValueError, match="no CUDA device"):
-        run_trial(
-            TINY_SA, TINY_TRAIN.model_copy(update={"device": "cuda"}), synthetic_data(), lambda m, d: None
-        )
+        run_trial(TINY_SA, TINY_TRAIN.model_copy(update={"device": "cuda"}), synthetic_data(), lambda m, d: None)
 
 
 # --- the paper's variants on the digits, at the smoke sizes of params.yaml ---
@@ -338,9 +327,7 @@ def digits():
 def test_two_epochs_on_digits_beat_chance(digits, variant):
     """Batch 32 gives 2 short epochs enough steps; no flips, which do not preserve a digit's class."""
     params, data = digits
-    train_cfg = params.train.model_copy(
-        update={"epochs": 2, "batch_size": 32, "augment": False, "device": "cpu"}
-    )
+    train_cfg = params.train.model_copy(update={"epochs": 2, "batch_size": 32, "augment": False, "device": "cpu"})
     final = run_trial(params.model_for(variant), train_cfg, data, lambda m, d: None)
     assert final["test_acc"] >= 0.3, final
 

@@ -1,0 +1,231 @@
+"""Training and evaluation throughput of the paper's models, per implementation path, measured as MFU.
+
+For each model of the sweep and each path it prints images/s for training and evaluation, ms per training step,
+peak GPU memory, counted training FLOPs per image (forward + backward, ``FlopCounterMode``, multiply-add = 2) and
+MFU = those FLOPs per second / the bf16 (CUDA) or fp32 (CPU) matmul FLOP/s this script measures on the same device
+in the same run. Then seconds per epoch (50,000 training + 10,000 test images) and the projected time of the
+paper's 300-epoch schedule.
+
+Paths (each is tested for equality with ``plain`` in tests/unit):
+  plain       fp32, eager, exact dense attention
+  optimised   bf16 autocast with fp32 master weights (CUDA; the CPU stays fp32, as train.amp does), eager
+  compiled    optimised + torch.compile (compile time reported separately, in the "first s" column)
+  truncated   optimised + locality-truncated attention (model.attention_window_eps = --eps); Gaussian models only
+
+Every path runs the trainer's own loop (``pipeline.train.train_one_epoch`` / ``evaluate``): data held on the device
+as uint8, batched on-device augmentation, one host sync per step for the divergence check.
+
+On a CPU it runs at reduced size (hidden 64, 2 layers, batch 8: still 16x16 tokens) and says so; the figures to
+quote are the GPU ones. Usage: ``python -m benchmarks.train_throughput [--help]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
+from pipeline.models import build_model
+from pipeline.speed import (
+    count_training_flops,
+    matmul_peak_flops,
+    peak_memory_bytes,
+    reset_peak_memory,
+    set_gaussian_heads,
+    synchronize,
+)
+from pipeline.train import DeviceData, Trial, build_optimizer, build_scheduler, evaluate, train_one_epoch
+
+PATHS = ("plain", "optimised", "compiled", "truncated")
+GAUSSIAN = {"quadratic", "generalized_quadratic"}
+TRAIN_IMAGES, TEST_IMAGES, EPOCHS = 50_000, 10_000, 300
+CPU_MODEL = {"hidden": 64, "layers": 2, "ffn": 128, "learned_dim": 64, "resnet_width": 16}
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
+
+
+@dataclass
+class Row:
+    model: str
+    path: str
+    train_ips: float
+    eval_ips: float
+    step_ms: float
+    first_s: float
+    peak_mib: float | None
+    gflop_per_image: float
+    mfu: float
+
+    @property
+    def epoch_s(self) -> float:
+        return TRAIN_IMAGES / self.train_ips + TEST_IMAGES / self.eval_ips
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring.")
+    parser.add_argument("--models", default=",".join(PAPER_VARIANTS), help="comma-separated variants (default: all)")
+    parser.add_argument("--paths", default=None, help=f"comma-separated of {PATHS} (default: all; CPU: no compiled)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--batch-size", type=int, default=None, help="training batch (default: 100 GPU, 8 CPU)")
+    parser.add_argument("--eval-batch-size", type=int, default=None, help="default: 500 GPU, 32 CPU")
+    parser.add_argument("--steps", type=int, default=None, help="timed training steps (default: 50 GPU, 3 CPU)")
+    parser.add_argument("--eps", type=float, default=1e-4, help="attention_window_eps of the truncated path")
+    parser.add_argument(
+        "--head-alpha",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("LOW", "HIGH"),
+        help="give Gaussian heads a trained-like shape (3x3 grid of centres, alpha log-uniform in [LOW, HIGH]) "
+        "before timing every path; default: the random initialisation",
+    )
+    parser.add_argument("--full-size", action="store_true", help="paper-size models even on the CPU (slow)")
+    return parser.parse_args(argv)
+
+
+def _data(device: torch.device, n_train: int, n_test: int, generator: torch.Generator) -> DeviceData:
+    def images(n: int) -> torch.Tensor:
+        return torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=generator).to(device)
+
+    def labels(n: int) -> torch.Tensor:
+        return torch.randint(0, 10, (n,), generator=generator).to(device)
+
+    stats = [torch.tensor(s, device=device).view(1, 3, 1, 1) for s in (MEAN, STD)]
+    return DeviceData(images(n_train), labels(n_train), images(n_test), labels(n_test), *stats)
+
+
+def measure(
+    name: str,
+    path: str,
+    model_cfg: ModelConfig,
+    args: argparse.Namespace,
+    device: torch.device,
+    peak: float,
+) -> Row | None:
+    if path == "truncated":
+        if model_cfg.arch != "sa" or model_cfg.encoding not in GAUSSIAN:
+            return None
+        model_cfg = model_cfg.model_copy(update={"attention_window_eps": args.eps})
+    amp = torch.bfloat16 if device.type == "cuda" and path != "plain" else None
+    cfg = TrainConfig(batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, crop_padding=4, epochs=1)
+    torch.manual_seed(0)
+    model = build_model(model_cfg).to(device)
+    if args.head_alpha is not None:
+        set_gaussian_heads(model, tuple(args.head_alpha), jitter=0.1)
+    generator = torch.Generator().manual_seed(0)
+    data = _data(device, args.steps * args.batch_size, 2 * args.eval_batch_size, generator)
+    flops = count_training_flops(model, data.normalise(data.train_images[: args.batch_size].float() / 255),
+                                 data.train_labels[: args.batch_size], amp)  # fmt: skip
+    runner = torch.compile(model) if path == "compiled" else model  # as train.compile does
+    optimizer = build_optimizer(model, cfg)
+    trial = Trial(model, optimizer, build_scheduler(optimizer, cfg, args.steps), generator, runner=runner)
+    warm = _data(device, args.batch_size, args.eval_batch_size, generator)
+
+    # First calls: CUDA/cuBLAS initialisation, and compilation of the train and eval graphs on the compiled path.
+    synchronize(device)
+    started = time.perf_counter()
+    train_one_epoch(trial, warm, cfg, amp)
+    evaluate(runner, warm.test_images, warm.test_labels, warm, args.eval_batch_size, amp)
+    synchronize(device)
+    first_s = time.perf_counter() - started
+
+    reset_peak_memory(device)
+    started = time.perf_counter()
+    train_one_epoch(trial, data, cfg, amp)  # ends with .item(): synchronised
+    train_s = time.perf_counter() - started
+    started = time.perf_counter()
+    evaluate(runner, data.test_images, data.test_labels, data, args.eval_batch_size, amp)
+    eval_s = time.perf_counter() - started
+    memory = peak_memory_bytes(device)
+
+    n_train = args.steps * args.batch_size
+    train_ips = n_train / train_s
+    per_image = flops / args.batch_size
+    return Row(
+        model=name,
+        path=path,
+        train_ips=train_ips,
+        eval_ips=2 * args.eval_batch_size / eval_s,
+        step_ms=1000 * train_s / args.steps,
+        first_s=first_s,
+        peak_mib=None if memory is None else memory / 2**20,
+        gflop_per_image=per_image / 1e9,
+        mfu=per_image * train_ips / peak,
+    )
+
+
+def _duration(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:.1f} h" if hours >= 1 else f"{seconds / 60:.1f} min"
+
+
+def print_table(rows: list[Row]) -> None:
+    header = (
+        f"{'model':<17} {'path':<10} {'train img/s':>11} {'eval img/s':>10} {'ms/step':>8} {'first s':>8} "
+        f"{'peak MiB':>8} {'GFLOP/img':>9} {'MFU':>6} {'s/epoch':>8} {'300 epochs':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        memory = "-" if r.peak_mib is None else f"{r.peak_mib:.0f}"
+        print(
+            f"{r.model:<17} {r.path:<10} {r.train_ips:>11.1f} {r.eval_ips:>10.1f} {r.step_ms:>8.1f} {r.first_s:>8.1f} "
+            f"{memory:>8} {r.gflop_per_image:>9.3f} {100 * r.mfu:>5.1f}% {r.epoch_s:>8.1f} "
+            f"{_duration(EPOCHS * r.epoch_s):>10}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda, but no CUDA device is available")
+        return 1
+    device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
+    on_gpu = device.type == "cuda"
+    reduced = not on_gpu and not args.full_size
+    args.batch_size = args.batch_size or (100 if on_gpu else 8)
+    args.eval_batch_size = args.eval_batch_size or (500 if on_gpu else 32)
+    args.steps = args.steps or (50 if on_gpu else 3)
+    paths = args.paths.split(",") if args.paths else [p for p in PATHS if on_gpu or p != "compiled"]
+    unknown = [p for p in paths if p not in PATHS] + [m for m in args.models.split(",") if m not in PAPER_VARIANTS]
+    if unknown:
+        print(f"unknown paths/models {unknown}; paths: {PATHS}, models: {list(PAPER_VARIANTS)}")
+        return 1
+
+    name = torch.cuda.get_device_name(device) if on_gpu else f"CPU, {torch.get_num_threads()} threads"
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    peak = matmul_peak_flops(device, dtype)
+    print(f"device: {name}; torch {torch.__version__}")
+    print(f"measured {str(dtype).removeprefix('torch.')} matmul peak: {peak / 1e12:.2f} TFLOP/s (the MFU denominator)")
+    base = ModelConfig(**CPU_MODEL) if reduced else ModelConfig()
+    if reduced:
+        print(
+            f"CPU: REDUCED SIZE {CPU_MODEL} (16x16 tokens as in the paper), batch {args.batch_size}, "
+            f"{args.steps} steps; paper-size figures need a GPU (or --full-size)"
+        )
+    if not on_gpu:
+        print("CPU: 'optimised' = plain numerics (bf16 autocast is CUDA-only, as in train.amp); compiled path only "
+              "with --paths")  # fmt: skip
+    if args.head_alpha is not None:
+        print(f"Gaussian heads set trained-like: 3x3/4x4 grid of centres, alpha in {args.head_alpha}")
+    print(f"truncated path: attention_window_eps = {args.eps}; epoch = {TRAIN_IMAGES:,} train + {TEST_IMAGES:,} test")
+    print()
+
+    rows = []
+    for model_name in args.models.split(","):
+        model_cfg = base.model_copy(update=PAPER_VARIANTS[model_name].model_dump(exclude_none=True))
+        for path in paths:
+            row = measure(model_name, path, model_cfg, args, device, peak)
+            if row is not None:
+                rows.append(row)
+    print_table(rows)
+    print("\nfirst s: first training step + first evaluation (CUDA warm-up; compilation on the compiled path).")
+    print("GFLOP/img: counted forward + backward FLOPs per training image (multiply-add = 2); truncated counts the")
+    print("reduced attention sums it executes, so its MFU understates its speed-up: compare img/s across paths.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
