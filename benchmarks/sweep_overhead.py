@@ -24,7 +24,7 @@ from pipeline.local_ray import keep_local_ray_on_loopback
 keep_local_ray_on_loopback()  # before pipeline.sweep imports Ray
 
 from pipeline.config import load_params, parse_params  # noqa: E402
-from pipeline.data import prepare_dataset  # noqa: E402
+from pipeline.datasets import prepare_dataset  # noqa: E402
 from pipeline.sweep import experiment_name, run_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

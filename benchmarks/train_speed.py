@@ -21,7 +21,8 @@ import torch
 
 from pipeline.config import Params, load_params
 from pipeline.counting import count_parameters
-from pipeline.data import PreparedData, prepare_dataset
+from pipeline.data import PreparedData
+from pipeline.datasets import prepare_dataset
 from pipeline.device import describe_device
 from pipeline.models import build_model
 from pipeline.train import run_trial

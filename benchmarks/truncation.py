@@ -107,7 +107,7 @@ def error_table(args: argparse.Namespace, device: torch.device) -> None:
 
 
 def accuracy_run(args: argparse.Namespace) -> None:
-    from pipeline.data import prepare_dataset
+    from pipeline.datasets import prepare_dataset
     from pipeline.train import run_trial
 
     params = load_params(args.params)

@@ -4,9 +4,9 @@ Why it is built this way (ecosystem.md 1.3-1.7, 5.1, recommendations 2-6):
 - Only ``ray.tune.*`` APIs: reporting through Ray Train inside a Tune function is a hard error in Ray 2.60.
 - A trial's config is ``{"variant", "seed", "fail_once_after_epoch"}``: small, so Tune's progress output stays
   readable, and the seed is in ``param_space`` (reproducible). The validated params (as JSON) and the dataset go
-  through the object store (``with_parameters``); the trainable rebuilds its typed config from them
-  (``params.model_for(variant)``, ``params.train`` with the seed) without reading any file. They cannot drift on
-  restore: the experiment name is their hash. The callback logs the trial's full config as MLflow params.
+  through the object store (``with_parameters``); the trainable (``pipeline.trainable``) rebuilds its typed config
+  from them (``params.model_for(variant)``, ``params.train`` with the seed) without reading any file. They cannot
+  drift on restore: the experiment name is their hash. The callback logs the trial's full config as MLflow params.
 - Every epoch reports with a checkpoint; a failed trial is retried from it (``FailureConfig``) and an interrupted
   sweep is restored (``Tuner.restore``) because the experiment name is a hash of the params and ``storage_path`` is
   absolute. Trials never use their working directory: Ray moves them into scratch directories.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -34,17 +33,14 @@ from pipeline import tracking
 from pipeline.config import Params, params_hash, parse_params
 from pipeline.data import PreparedData
 from pipeline.local_ray import ray_address
-from pipeline.train import HEAD_HISTORY_FILE, describe_device, run_trial
+from pipeline.train import HEAD_HISTORY_FILE
+from pipeline.trainable import train_trial
 
 log = logging.getLogger(__name__)
 
 METRIC, MODE = "test_acc", "max"  # the one place the sweep's objective is named (ASHA, best trial)
 STAGE = "tune"
 PACKAGE_DIR = Path(__file__).resolve().parent  # pipeline/
-
-
-class InjectedFailure(RuntimeError):
-    """Raised by a trial when ``sweep.fail_once_after_epoch`` asks for it (tests of retries)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -111,33 +107,8 @@ def describe_plan(params: Params, project_root: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The trainable (runs in a Ray worker)
+# What the driver logs for a trial
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[str, Any]) -> None:
-    """One Tune trial: typed config from the trial's dict, resume from Tune's checkpoint, report every epoch."""
-    params = parse_params(params_json, "trial params")
-    model_cfg = params.model_for(config["variant"])
-    train_cfg = params.train.model_copy(update={"seed": config["seed"]})
-    if not ray.get_gpu_ids() and train_cfg.device != "cpu":  # use the GPU Ray assigned, or none at all
-        train_cfg = train_cfg.model_copy(update={"device": "cpu"})
-    where = {"ray.node_id": ray.get_runtime_context().get_node_id(), **describe_device(train_cfg)}
-    fail_after = config.get("fail_once_after_epoch")
-    checkpoint = tune.get_checkpoint()
-
-    def reporter(metrics: dict[str, float], checkpoint_dir: Path) -> None:
-        tune.report(
-            {**metrics, tracking.TRIAL_TAGS_KEY: where}, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir))
-        )
-        if checkpoint is None and fail_after is not None and metrics["epoch"] == fail_after:
-            raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
-
-    with tempfile.TemporaryDirectory(prefix="tune-resume-") as tmp:
-        resume_from = None
-        if checkpoint is not None:  # a copy: Tune may delete old checkpoints (num_to_keep) while we train
-            resume_from = Path(checkpoint.to_directory(tmp))
-        run_trial(model_cfg, train_cfg, data, reporter, resume_from=resume_from)
 
 
 def describe_trial(config: dict[str, Any], params_json: dict[str, Any]) -> tracking.TrialInfo:

@@ -29,12 +29,12 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from pipeline.config import TrackingConfig
+from pipeline.trainable import TRIAL_TAGS_KEY
 
 log = logging.getLogger(__name__)
 
 # Keys of run_trial's per-epoch report that become MLflow metrics (``epoch`` is the step, not a metric).
 EPOCH_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s")
-TRIAL_TAGS_KEY = "trial_tags"  # the trainable reports where it runs (node, device) under this key
 PARENT_FILE = "mlflow_parent_run.json"  # in the Ray experiment dir: the sweep's parent run, reused on restore
 
 

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.data import prepare_dataset, save_prepared
+from pipeline.data import save_prepared
+from pipeline.datasets import prepare_dataset, provenance
 from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.prepare")
@@ -40,7 +41,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         data.std,
     )
     out_dir = root / cfg.prepared_dir
-    manifest = save_prepared(data, out_dir, cfg)
+    manifest = save_prepared(data, out_dir, provenance(cfg))
     log.info("manifest %s (content sha256 %s)", out_dir / "manifest.json", manifest["content_sha256"][:12])
     return 0
 

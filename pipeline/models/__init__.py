@@ -7,7 +7,6 @@ from torch import nn
 from pipeline.config import ModelConfig
 from pipeline.models.local_attention import localise_attention
 from pipeline.models.positional import build_encoding
-from pipeline.models.resnet import ResNet18
 from pipeline.models.sa_net import SelfAttentionNet
 
 
@@ -24,6 +23,8 @@ def build_model(
     ``heads_per_layer`` overrides ``cfg.heads`` layer by layer (a pruned model); its length must be ``cfg.layers``.
     """
     if cfg.arch == "resnet18":
+        from pipeline.models.resnet import ResNet18  # torchvision costs ~1.3 s to import: only when a ResNet is built
+
         return ResNet18(num_classes=num_classes, in_channels=in_channels, width=cfg.resnet_width)
     heads = heads_per_layer if heads_per_layer is not None else [cfg.heads] * cfg.layers
     if len(heads) != cfg.layers:
@@ -57,4 +58,4 @@ def build_model(
     return model
 
 
-__all__ = ["ResNet18", "SelfAttentionNet", "build_model"]
+__all__ = ["SelfAttentionNet", "build_model"]

@@ -13,15 +13,8 @@ import torch
 import yaml
 
 from pipeline.config import DataConfig
-from pipeline.data import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-    PreparedData,
-    channel_stats,
-    load_prepared,
-    prepare_dataset,
-    save_prepared,
-)
+from pipeline.data import PreparedData, load_prepared, save_prepared
+from pipeline.datasets import CIFAR10_MEAN, CIFAR10_STD, channel_stats, prepare_dataset, provenance
 from stages import prepare as prepare_stage
 from stages._cli import PROJECT_ROOT
 
@@ -138,7 +131,7 @@ def test_digits_is_deterministic(digits):
 
 def test_save_load_round_trip_and_manifest(digits, tmp_path):
     cfg = DataConfig(dataset="digits", image_size=16)
-    manifest = save_prepared(digits, tmp_path / "prepared", cfg)
+    manifest = save_prepared(digits, tmp_path / "prepared", provenance(cfg))
     assert json.loads((tmp_path / "prepared" / "manifest.json").read_text()) == manifest
     assert manifest["dataset"] == "digits" and manifest["split_seed"] == 0
     assert (manifest["num_train"], manifest["num_test"], manifest["image_shape"]) == (1437, 360, [3, 16, 16])

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from pipeline.config import ModelConfig, TrainConfig, load_params
-from pipeline.data import PreparedData, prepare_dataset
+from pipeline.data import PreparedData
+from pipeline.datasets import prepare_dataset
 from pipeline.device import describe_device
 from pipeline.models import build_model
 from pipeline.train import (

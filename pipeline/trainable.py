@@ -1,0 +1,50 @@
+"""The Ray Tune trainable: one trial of the sweep, run in a Ray worker.
+
+Kept apart from ``pipeline.sweep`` (the driver) so that a trial's worker imports only what training needs (torch,
+Ray Tune, the trainer) and not MLflow, the dataset sources or torchvision: a fresh worker starts training seconds
+sooner. The trial reports every epoch with a checkpoint and resumes from Tune's checkpoint after a failure.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray import tune
+
+from pipeline.config import parse_params
+from pipeline.train import describe_device, run_trial
+
+if TYPE_CHECKING:
+    from pipeline.data import PreparedData
+
+TRIAL_TAGS_KEY = "trial_tags"  # the trainable reports where it runs (node, device) under this key
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by a trial when ``sweep.fail_once_after_epoch`` asks for it (tests of retries)."""
+
+
+def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[str, Any]) -> None:
+    """One Tune trial: typed config from the trial's dict, resume from Tune's checkpoint, report every epoch."""
+    params = parse_params(params_json, "trial params")
+    model_cfg = params.model_for(config["variant"])
+    train_cfg = params.train.model_copy(update={"seed": config["seed"]})
+    if not ray.get_gpu_ids() and train_cfg.device != "cpu":  # use the GPU Ray assigned, or none at all
+        train_cfg = train_cfg.model_copy(update={"device": "cpu"})
+    where = {"ray.node_id": ray.get_runtime_context().get_node_id(), **describe_device(train_cfg)}
+    fail_after = config.get("fail_once_after_epoch")
+    checkpoint = tune.get_checkpoint()
+
+    def reporter(metrics: dict[str, float], checkpoint_dir: Path) -> None:
+        tune.report({**metrics, TRIAL_TAGS_KEY: where}, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+        if checkpoint is None and fail_after is not None and metrics["epoch"] == fail_after:
+            raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
+
+    with tempfile.TemporaryDirectory(prefix="tune-resume-") as tmp:
+        resume_from = None
+        if checkpoint is not None:  # a copy: Tune may delete old checkpoints (num_to_keep) while we train
+            resume_from = Path(checkpoint.to_directory(tmp))
+        run_trial(model_cfg, train_cfg, data, reporter, resume_from=resume_from)
