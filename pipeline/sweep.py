@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -198,6 +199,9 @@ class SweepOutcome:
 
 
 def _tuner(params: Params, data: PreparedData, path: Path, callback: tracking.MlflowTrialCallback) -> tune.Tuner:
+    # Checkpointing every epoch with num_to_keep forces a state snapshot every few reports; each takes milliseconds
+    # here, but short epochs make Tune warn on every one. Only that warning is switched off (user's value wins).
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")
     trainable = tune.with_resources(tune.with_parameters(train_trial, data=data, params_json=params_json), resources)

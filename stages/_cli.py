@@ -15,13 +15,14 @@ from pathlib import Path
 
 from pipeline.config import ConfigError, Params, load_params
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_FAILURES: tuple[type[Exception], ...] = (ConfigError, FileNotFoundError, ValueError)
 
 
 def make_parser(doc: str | None) -> argparse.ArgumentParser:
     """A parser whose --help shows the stage's docstring, with the --params option every stage takes."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    script = Path(sys.argv[0])
+    prog = f"python -m stages.{script.stem}" if script.parent.name == "stages" else None  # how stages are run
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: %(default)s)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
@@ -39,7 +40,7 @@ def setup_logging(verbose: bool = False) -> None:
 def run(stage: Callable[[argparse.Namespace, Params], int], args: argparse.Namespace) -> int:
     """Set up logging, load and validate params, run the stage; expected failures become exit code 2."""
     setup_logging(args.verbose)
-    log = logging.getLogger(f"stages.{stage.__module__.rsplit('.', 1)[-1]}")
+    log = logging.getLogger(f"stages.{Path(sys.argv[0]).stem}")
     try:
         params = load_params(args.params)
         return stage(args, params)

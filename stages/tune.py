@@ -20,10 +20,10 @@ from pathlib import Path
 
 from pipeline.config import Params
 from pipeline.local_ray import keep_local_ray_on_loopback, ray_address
-from stages._cli import PROJECT_ROOT, main_for, make_parser
+from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.tune")
-OUT_DIR = PROJECT_ROOT / "results" / "tune"
+OUT_DIR = Path("results/tune")  # relative to the working directory, like every path in params.yaml
 
 
 def write_json(path: Path, payload: dict) -> None:
@@ -50,12 +50,13 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     from pipeline import sweep  # imports Ray and MLflow: after params are valid, so --help stays fast
 
     if args.dry_run:
-        print(sweep.describe_plan(params, PROJECT_ROOT))
+        print(sweep.describe_plan(params, Path.cwd()))
         return 0
     from pipeline.data import load_prepared
 
-    data = load_prepared(PROJECT_ROOT / params.data.prepared_dir)
-    outcome = sweep.run_sweep(params, data, PROJECT_ROOT)
+    root = Path.cwd()  # dvc runs stages from the repository root
+    data = load_prepared(root / params.data.prepared_dir)
+    outcome = sweep.run_sweep(params, data, root)
     if outcome.interrupted:
         return 130
     manifest = outcome.manifest(params)

@@ -16,7 +16,8 @@ from pipeline.config import DataConfig
 from pipeline.data import PreparedData, load_prepared, save_prepared
 from pipeline.datasets import CIFAR10_MEAN, CIFAR10_STD, channel_stats, prepare_dataset, provenance
 from stages import prepare as prepare_stage
-from stages._cli import PROJECT_ROOT
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cifar_cfg(path: Path | str, verify: bool = False, **kw) -> DataConfig:
