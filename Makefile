@@ -31,5 +31,6 @@ describe: $(STAMP)  ## parameter / FLOP table of the paper's models
 	$(BIN)/python -m stages.describe
 
 ui: $(STAMP)  ## MLflow UI on the project's store at http://127.0.0.1:5000 (local only)
+	@echo "MLflow UI: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (Ctrl-C stops it)"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--host 127.0.0.1 --port 5000 --workers 1

@@ -19,6 +19,8 @@ import functools
 import hashlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -140,6 +142,7 @@ def ray_session(params: Params) -> Iterator[str]:
         yield "existing"
         return
     address = ray_address(params.sweep)
+    caller_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
         log.info("ray: attaching to the cluster at %s", address)
         ray.init(address=address)
@@ -148,6 +151,10 @@ def ray_session(params: Params) -> Iterator[str]:
         ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
         if (node_ip := ray.util.get_node_ip_address()) != "127.0.0.1":
             log.warning("ray: the local Ray advertises %s, not 127.0.0.1 (see pipeline.local_ray)", node_ip)
+    if callable(caller_sigterm) and threading.current_thread() is threading.main_thread():
+        # ray.init replaces the process's SIGTERM handler with one that exits at once; keep the caller's (the
+        # stages stop on SIGTERM as on Ctrl-C, so Tune saves its state and the MLflow runs are closed).
+        signal.signal(signal.SIGTERM, caller_sigterm)
     try:
         yield address or "local"
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,9 +38,16 @@ def setup_logging(verbose: bool = False) -> None:
     )
 
 
+def _terminate_like_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (a scheduler preempting the job, ``kill``) stops the stage as Ctrl-C does: Ray Tune then saves its
+    state and closes the MLflow runs, and the next run resumes instead of finding runs left RUNNING."""
+    signal.raise_signal(signal.SIGINT)
+
+
 def run(stage: Callable[[argparse.Namespace, Params], int], args: argparse.Namespace) -> int:
     """Set up logging, load and validate params, run the stage; expected failures become exit code 2."""
     setup_logging(args.verbose)
+    signal.signal(signal.SIGTERM, _terminate_like_interrupt)
     log = logging.getLogger(f"stages.{Path(sys.argv[0]).stem}")
     try:
         params = load_params(args.params)

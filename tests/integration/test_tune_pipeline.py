@@ -130,9 +130,14 @@ def test_changing_a_sweep_param_reruns_only_tune(swept: dict, project: Project) 
     assert "sweep.variants" in diff
 
 
-def test_interrupted_sweep_restores(swept: dict, project: Project) -> None:  # swept: data/prepared exists
-    params = yaml.safe_load((project.path / "params.yaml").read_text())
-    params["train"]["epochs"] = 12
+@pytest.mark.parametrize(
+    ("stop", "epochs"),
+    [(signal.SIGINT, 12), (signal.SIGTERM, 10)],  # Ctrl-C on `dvc repro`; a scheduler preempting the job
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_interrupted_sweep_restores(swept: dict, project: Project, stop: signal.Signals, epochs: int) -> None:
+    params = yaml.safe_load((project.path / "params.yaml").read_text())  # swept: data/prepared exists
+    params["train"]["epochs"] = epochs
     params["sweep"]["fail_once_after_epoch"] = None
     project.write_params(params)
     path = project.path / "results/ray" / experiment_name(load_params(project.path / "params.yaml"))
@@ -144,7 +149,7 @@ def test_interrupted_sweep_restores(swept: dict, project: Project) -> None:  # s
             first.kill()
             raise AssertionError(f"no second checkpoint before the end:\n{first.communicate()[0][-3000:]}")
         time.sleep(0.1)
-    first.send_signal(signal.SIGINT)  # what Ctrl-C on `dvc repro` delivers to the stage
+    first.send_signal(stop)
     output, _ = first.communicate(timeout=120)
     assert first.returncode == 130, output[-3000:]
     record = json.loads((path / "mlflow_parent_run.json").read_text())
@@ -160,7 +165,7 @@ def test_interrupted_sweep_restores(swept: dict, project: Project) -> None:  # s
     for run in after.values():
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "test_acc")]
-        assert sorted(set(steps)) == list(range(1, 13)), steps
+        assert sorted(set(steps)) == list(range(1, epochs + 1)), steps
     assert client.get_run(record["parent_run_id"]).info.status == "FINISHED"
 
 
