@@ -41,7 +41,7 @@ def worker(args: argparse.Namespace) -> None:
     device = torch.device("cuda")
     amp = None if args.no_amp else torch.bfloat16
     cfg = TrainConfig(batch_size=args.batch_size, epochs=1)
-    model_cfg = ModelConfig().model_copy(update=PAPER_VARIANTS[args.model].model_dump(exclude_none=True))
+    model_cfg = PAPER_VARIANTS[args.model].apply(ModelConfig())
     model = build_model(model_cfg).to(device)
     optimizer = build_optimizer(model, cfg)
     generator = torch.Generator().manual_seed(0)

@@ -17,15 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 from pipeline.local_ray import keep_local_ray_on_loopback
 
 keep_local_ray_on_loopback()  # before pipeline.sweep imports Ray
 
 from pipeline.config import load_params, parse_params  # noqa: E402
 from pipeline.datasets import prepare_dataset  # noqa: E402
-from pipeline.sweep import experiment_name, run_sweep  # noqa: E402
+from pipeline.sweep import run_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +44,6 @@ def main() -> None:
     params = parse_params(raw, "benchmark params")
     with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as tmp:
         root = Path(tmp)
-        (root / "params.yaml").write_text(yaml.safe_dump(raw))
         data = prepare_dataset(params.data, ROOT)
         import ray
 
@@ -60,7 +57,7 @@ def main() -> None:
         finally:
             ray.shutdown()
         trial_seconds = 0.0
-        for result_file in (root / "results/ray" / experiment_name(params)).glob("*/result.json"):
+        for result_file in Path(outcome.experiment_path).glob("*/result.json"):
             last = result_file.read_text().strip().splitlines()[-1]
             trial_seconds += json.loads(last)["time_total_s"]
     epochs = sum(t.epochs_completed for t in outcome.trials)
@@ -69,11 +66,11 @@ def main() -> None:
     print(f"sweep wall time: {wall:.1f} s; sum of trials' own time: {trial_seconds:.1f} s")
     if args.concurrency == 1 and trial_seconds > 0:
         print(f"overhead ratio wall / trials: {wall / trial_seconds:.2f} (target < 1.15)")
+    calls = outcome.mlflow_calls
     if outcome.epochs_logged:
-        print(
-            f"MLflow calls per epoch result: {outcome.log_calls / outcome.epochs_logged:.2f} "
-            f"({outcome.log_calls} log_batch calls for {epochs} epochs; plus ~6 per trial at start and end)"
-        )
+        per_epoch = calls.get("log_batch", 0) - len(outcome.trials) * 2  # each run also logs params and end tags
+        print(f"MLflow requests per epoch: {per_epoch / outcome.epochs_logged:.2f} (log_batch, {epochs} epochs)")
+        print(f"MLflow requests per trial, all: {sum(calls.values()) / len(outcome.trials):.1f} {dict(calls)}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
+from pipeline.datasets import CIFAR10_MEAN, CIFAR10_STD
 from pipeline.models import build_model
 from pipeline.speed import (
     count_training_flops,
@@ -43,7 +44,6 @@ PATHS = ("plain", "optimised", "compiled", "truncated")
 GAUSSIAN = {"quadratic", "generalized_quadratic"}
 TRAIN_IMAGES, TEST_IMAGES, EPOCHS = 50_000, 10_000, 300
 CPU_MODEL = {"hidden": 64, "layers": 2, "ffn": 128, "learned_dim": 64, "resnet_width": 16}
-MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 
 
 @dataclass
@@ -92,7 +92,7 @@ def _data(device: torch.device, n_train: int, n_test: int, generator: torch.Gene
     def labels(n: int) -> torch.Tensor:
         return torch.randint(0, 10, (n,), generator=generator).to(device)
 
-    stats = [torch.tensor(s, device=device).view(1, 3, 1, 1) for s in (MEAN, STD)]
+    stats = [torch.tensor(s, device=device).view(1, 3, 1, 1) for s in (CIFAR10_MEAN, CIFAR10_STD)]
     return DeviceData(images(n_train), labels(n_train), images(n_test), labels(n_test), *stats)
 
 
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for model_name in args.models.split(","):
-        model_cfg = base.model_copy(update=PAPER_VARIANTS[model_name].model_dump(exclude_none=True))
+        model_cfg = PAPER_VARIANTS[model_name].apply(base)
         for path in paths:
             row = measure(model_name, path, model_cfg, args, device, peak)
             if row is not None:

@@ -61,7 +61,7 @@ def _heads_outputs(model: torch.nn.Module, images: torch.Tensor) -> tuple[torch.
 
 
 def error_table(args: argparse.Namespace, device: torch.device) -> None:
-    cfg = ModelConfig().model_copy(update=PAPER_VARIANTS[args.model].model_dump(exclude_none=True))
+    cfg = PAPER_VARIANTS[args.model].apply(ModelConfig())
     torch.manual_seed(0)
     dense = build_model(cfg).to(device).eval()
     set_gaussian_heads(dense, tuple(args.alpha), jitter=args.jitter)

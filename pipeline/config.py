@@ -121,6 +121,10 @@ class VariantConfig(_Section):
     encoding: str | None = None
     heads: PositiveInt | None = None
 
+    def apply(self, base: ModelConfig) -> ModelConfig:
+        """``base`` (the shared ``model`` section) with this variant's fields."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
     @model_validator(mode="after")
     def _sa_needs_encoding(self) -> VariantConfig:
         if self.arch == "sa" and self.encoding is None:
@@ -210,14 +214,15 @@ class Params(_Section):
         for name in self.sweep.variants:
             if name not in self.variants:
                 raise ValueError(f"sweep.variants: unknown variant {name!r}; defined: {sorted(self.variants)}")
+        if self.train.device == "cuda" and self.sweep.resources.gpu == 0:
+            raise ValueError("train.device: 'cuda' needs sweep.resources.gpu > 0 (a trial gets only the GPUs it asks)")
         return self
 
     def model_for(self, variant: str) -> ModelConfig:
         """The shared ``model`` section with the named variant's fields applied."""
         if variant not in self.variants:
             raise KeyError(f"unknown variant {variant!r}; defined: {sorted(self.variants)}")
-        overrides = self.variants[variant].model_dump(exclude_none=True)
-        return self.model.model_copy(update=overrides)
+        return self.variants[variant].apply(self.model)
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
@@ -239,8 +244,7 @@ def parse_params(raw: Any, source: str = "<params>") -> Params:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     try:
-        # strict=False at the top level lets YAML ints stand for floats (lr: 1) while nested strict models keep
-        # rejecting strings for numbers and numbers for strings.
+        # Strict types: no string is coerced to a number or a boolean (an int is accepted where a float is expected).
         return Params.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, source)) from None

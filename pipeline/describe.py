@@ -19,10 +19,10 @@ def describe_models(
 ) -> list[dict]:
     """One row per variant (``base`` with the variant's fields): exact params and forward FLOPs per image."""
     specs: list[tuple[str, ModelConfig, list[int] | None]] = [
-        (name, base.model_copy(update=v.model_dump(exclude_none=True)), None) for name, v in variants.items()
+        (name, v.apply(base), None) for name, v in variants.items()
     ]
     if include_pruned:
-        pruned_cfg = base.model_copy(update=PAPER_VARIANTS["sa_generalized_9"].model_dump(exclude_none=True))
+        pruned_cfg = PAPER_VARIANTS["sa_generalized_9"].apply(base)
         heads = [pruned_cfg.heads - p for p in PAPER_PRUNED_HEADS]
         specs.append(("sa_generalized_9_pruned", pruned_cfg, heads))
     rows = []

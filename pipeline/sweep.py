@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ from ray.tune.search import BasicVariantGenerator
 
 from pipeline import tracking
 from pipeline.config import Params, params_hash, parse_params
-from pipeline.data import PreparedData
+from pipeline.data import PreparedData, content_hash
 from pipeline.local_ray import ray_address
 from pipeline.train import HEAD_HISTORY_FILE
 from pipeline.trainable import train_trial
@@ -60,18 +61,26 @@ def code_hash() -> str:
     return digest.hexdigest()[:12]
 
 
-def sweep_hash(params: Params) -> str:
-    """Identity of the sweep: every param the trials' results depend on (not where it runs or is stored), and the
-    library code that trains them."""
+def sweep_hash(params: Params, data_hash: str) -> str:
+    """Identity of the sweep: every param the trials' results depend on (not where it runs or is stored), the
+    library code that trains them and the prepared data's content hash (a re-prepared dataset is a new sweep)."""
     identity = params.model_dump(mode="json")
     for where in ("ray_address", "storage_path"):
         identity["sweep"].pop(where)
     identity["code"] = code_hash()
+    identity["data"] = data_hash
     return params_hash(identity)
 
 
-def experiment_name(params: Params) -> str:
-    return f"tune-{sweep_hash(params)}"
+def experiment_name(params: Params, data_hash: str) -> str:
+    return f"tune-{sweep_hash(params, data_hash)}"
+
+
+def prepared_data_hash(params: Params, project_root: Path) -> str | None:
+    """The content hash recorded in the prepared data's manifest (checked against the tensors when they are
+    loaded), or None when the prepare stage has not run."""
+    manifest = project_root / params.data.prepared_dir / "manifest.json"
+    return json.loads(manifest.read_text())["content_sha256"] if manifest.is_file() else None
 
 
 def storage_dir(params: Params, project_root: Path) -> Path:
@@ -88,9 +97,10 @@ def trial_grid(params: Params) -> list[dict[str, Any]]:
 
 def describe_plan(params: Params, project_root: Path) -> str:
     """Human-readable dry run: the trial grid, resources, and where it would run and be recorded."""
-    path = storage_dir(params, project_root) / experiment_name(params)
-    address = ray_address(params.sweep)
     data = project_root / params.data.prepared_dir
+    data_hash = prepared_data_hash(params, project_root)
+    path = storage_dir(params, project_root) / experiment_name(params, data_hash or "missing")
+    address = ray_address(params.sweep)
     lines = [f"{'variant':<20} {'seed':>4} {'cpu':>5} {'gpu':>5}"]
     lines += [f"{t['variant']:<20} {t['seed']:>4} {t['cpu']:>5g} {t['gpu']:>5g}" for t in trial_grid(params)]
     asha = params.sweep.asha
@@ -104,7 +114,7 @@ def describe_plan(params: Params, project_root: Path) -> str:
         f"ray: {'attach to the cluster at ' + address if address else 'start a local Ray on this machine'}",
         f"ray results: {path} ({state})",
         f"mlflow: {tracking.tracking_uri(params.tracking, project_root)}, experiment {params.tracking.experiment!r}",
-        f"data: {data} ({'present' if (data / 'manifest.json').is_file() else 'MISSING: run the prepare stage'})",
+        f"data: {data} ({'content ' + data_hash[:12] if data_hash else 'MISSING: run the prepare stage'})",
     ]
     return "\n".join(lines)
 
@@ -125,8 +135,8 @@ def describe_trial(config: dict[str, Any], params_json: dict[str, Any]) -> track
         "sweep": params.sweep.model_dump(mode="json", include={"resources", "asha", "max_failures",
                                                                  "fail_once_after_epoch"}),
     }  # fmt: skip
-    tags = {"variant": variant, "seed": str(seed), "params_hash": sweep_hash(params), "dvc_stage": STAGE}
-    return tracking.TrialInfo(f"{variant}-seed{seed}", tracking.flatten(logged), tags, train_cfg.epochs)
+    tags = {"variant": variant, "seed": str(seed)}  # the sweep's own tags (params hash, commit, stage) are added too
+    return tracking.TrialInfo(f"{variant}-seed{seed}", tracking.flatten(logged), tags)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -182,10 +192,10 @@ class TrialRecord:
 class SweepOutcome:
     experiment_name: str
     experiment_path: str
-    restored: bool
+    restored: bool  # this run continued an interrupted sweep
     sweep: tracking.SweepRun
     trials: list[TrialRecord]
-    log_calls: int = 0
+    mlflow_calls: dict[str, int] = field(default_factory=dict)  # client requests by method, this run
     epochs_logged: int = 0
 
     @property
@@ -196,10 +206,11 @@ class SweepOutcome:
     def failed(self) -> bool:
         return any(t.status == "error" for t in self.trials)
 
-    def manifest(self, params: Params) -> dict[str, Any]:
+    def manifest(self) -> dict[str, Any]:
         return {
-            "stage": STAGE, "params_hash": sweep_hash(params), "experiment_name": self.experiment_name,
-            "ray_experiment_path": self.experiment_path, "metric": METRIC, "mode": MODE,
+            "stage": STAGE, "params_hash": self.experiment_name.removeprefix("tune-"),
+            "experiment_name": self.experiment_name, "ray_experiment_path": self.experiment_path,
+            "restored": self.restored, "metric": METRIC, "mode": MODE,
             "tracking_uri": self.sweep.tracking_uri, "experiment_id": self.sweep.experiment_id,
             "parent_run_id": self.sweep.parent_run_id, "trials": [asdict(t) for t in self.trials],
         }  # fmt: skip
@@ -214,7 +225,12 @@ def _tuner(params: Params, data: PreparedData, path: Path, callback: tracking.Ml
     trainable = tune.with_resources(tune.with_parameters(train_trial, data=data, params_json=params_json), resources)
     if tune.Tuner.can_restore(str(path)):
         log.info("ray: restoring the interrupted sweep at %s", path)
-        return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+        # Tune brings back the callbacks pickled in tuner.pkl, with the first run's tracking URI, tags and counters.
+        # Use this run's callback instead; Tune still restores its trial -> MLflow run map (get_state/set_state)
+        # from the experiment directory, so the trials continue their own runs.
+        tuner._local_tuner.get_run_config().callbacks = [callback]
+        return tuner
     asha = params.sweep.asha
     scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=params.train.epochs,
                                grace_period=asha.grace_period, reduction_factor=asha.reduction_factor)
@@ -249,23 +265,29 @@ def _tuner(params: Params, data: PreparedData, path: Path, callback: tracking.Ml
 
 def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOutcome:
     """Run (or restore and finish) the sweep; the driver opens the MLflow parent run before any trial starts."""
-    path = storage_dir(params, project_root) / experiment_name(params)
+    name = experiment_name(params, content_hash(data))
+    path = storage_dir(params, project_root) / name
     restored = tune.Tuner.can_restore(str(path))
     uri = tracking.tracking_uri(params.tracking, project_root)
-    base_tags = {"dvc_stage": STAGE, "params_hash": sweep_hash(params), "git_commit": tracking.git_commit(project_root)}
-    base_tags["mlflow.source.git.commit"] = base_tags["git_commit"]
+    commit = tracking.git_commit(project_root)
+    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix("tune-"), "git_commit": commit,
+                 "mlflow.source.git.commit": commit}  # fmt: skip
     sweep_params = tracking.flatten({"sweep": params.sweep.model_dump(mode="json"), "epochs": params.train.epochs})
     sweep = tracking.open_sweep_run(
-        uri, params.tracking.experiment, path, run_name=experiment_name(params),
+        uri, params.tracking.experiment, path, run_name=name,
         tags={**base_tags, "ray.experiment_path": str(path), "sweep.role": "parent"}, params=sweep_params,
         project_root=project_root,
     )  # fmt: skip
     describe = functools.partial(describe_trial, params_json=params.model_dump(mode="json"))
-    callback = tracking.MlflowTrialCallback(sweep, describe, base_tags)
-    with ray_session(params):
-        results = _tuner(params, data, path, callback).fit()
-    outcome = SweepOutcome(path.name, str(path), restored, sweep, _records(results, sweep, params),
-                           callback.log_calls, callback.epochs_logged)  # fmt: skip
+    callback = tracking.MlflowTrialCallback(sweep, describe, base_tags, params.train.epochs)
+    try:
+        with ray_session(params):
+            results = _tuner(params, data, path, callback).fit()
+        records = _records(results, sweep, params)
+    except BaseException:  # a lost cluster, a second Ctrl-C, an MLflow error: never leave runs RUNNING
+        tracking.close_interrupted(sweep)
+        raise
+    outcome = SweepOutcome(name, str(path), restored, sweep, records, dict(callback.calls), callback.epochs_logged)
     if outcome.interrupted:
         closed = tracking.close_interrupted(sweep)
         log.warning("sweep interrupted: %d trial run(s) marked KILLED; re-run to restore it from %s", closed, path)
@@ -277,10 +299,12 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
 
 def _records(results: tune.ResultGrid, sweep: tracking.SweepRun, params: Params) -> list[TrialRecord]:
     runs = tracking.child_runs(sweep)
+    by_variant_seed = {(run.data.tags.get("variant"), run.data.tags.get("seed")): run for run in runs.values()}
     records = []
     for result in results:
         trial_id = result.metrics.get("trial_id") or Path(result.path).name
-        run = runs.get(trial_id)
+        # A trial that failed before its first report has no trial_id in its metrics; its run is still tagged.
+        run = runs.get(trial_id) or by_variant_seed.get((result.config["variant"], str(result.config["seed"])))
         epoch = int(result.metrics.get("epoch", 0))
         unfinished = epoch == 0 or (epoch < params.train.epochs and not params.sweep.asha.enabled)
         if result.error is not None:
@@ -293,7 +317,7 @@ def _records(results: tune.ResultGrid, sweep: tracking.SweepRun, params: Params)
         history = str(Path(checkpoint) / HEAD_HISTORY_FILE) if checkpoint else None
         history = history if history and Path(history).is_file() else None
         artifacts = {}
-        if run is not None and checkpoint:
+        if run is not None and "tune.checkpoint" in run.data.tags:  # set only once the upload succeeded
             base = f"runs:/{run.info.run_id}/checkpoint"
             artifacts = {"checkpoint": base} | ({"head_history": f"{base}/{HEAD_HISTORY_FILE}"} if history else {})
         metrics = {k: float(result.metrics[k]) for k in ("epoch", *tracking.EPOCH_METRICS) if k in result.metrics}

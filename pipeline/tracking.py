@@ -18,6 +18,7 @@ import json
 import logging
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +30,13 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from pipeline.config import TrackingConfig
+from pipeline.train import METRIC_KEYS
 from pipeline.trainable import TRIAL_TAGS_KEY
 
 log = logging.getLogger(__name__)
 
 # Keys of run_trial's per-epoch report that become MLflow metrics (``epoch`` is the step, not a metric).
-EPOCH_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s")
+EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
 PARENT_FILE = "mlflow_parent_run.json"  # in the Ray experiment dir: the sweep's parent run, reused on restore
 
 
@@ -45,7 +47,25 @@ class TrialInfo:
     run_name: str
     params: dict[str, str]
     tags: dict[str, str]
-    epochs: int
+
+
+class CountingClient:
+    """An ``MlflowClient`` that counts the requests made through it, so the logging cost per epoch is measured."""
+
+    def __init__(self, client: MlflowClient) -> None:
+        self._client = client
+        self.calls: Counter = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+        if not callable(method):
+            return method
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return method(*args, **kwargs)
+
+        return counted
 
 
 @dataclass(frozen=True)
@@ -185,22 +205,29 @@ class MlflowTrialCallback(Callback):
     reference) that turns a trial's config into its run name, params and tags.
     """
 
-    def __init__(self, sweep: SweepRun, describe: Callable[[dict], TrialInfo], tags: dict[str, str]) -> None:
+    def __init__(
+        self, sweep: SweepRun, describe: Callable[[dict], TrialInfo], tags: dict[str, str], epochs: int
+    ) -> None:
         self.sweep = sweep
         self.describe = describe
         self.tags = dict(tags)
+        self.epochs = epochs  # a trial that completes before this many epochs was stopped early (ASHA)
         self.runs: dict[str, str] = {}  # trial_id -> run_id: the state that survives restore
         self.last_epoch: dict[str, int] = {}
         self._seen_tags: dict[str, dict[str, str]] = {}
-        self._client: MlflowClient | None = None
-        self.log_calls = 0  # MLflow requests made for epoch results (benchmarks/sweep_overhead.py)
+        self._client: CountingClient | None = None
         self.epochs_logged = 0
 
     @property
-    def client(self) -> MlflowClient:
+    def client(self) -> CountingClient:
         if self._client is None:
-            self._client = MlflowClient(self.sweep.tracking_uri)
+            self._client = CountingClient(MlflowClient(self.sweep.tracking_uri))
         return self._client
+
+    @property
+    def calls(self) -> Counter:
+        """MLflow client requests made so far, by method (benchmarks/sweep_overhead.py)."""
+        return self._client.calls if self._client is not None else Counter()
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None}
@@ -243,7 +270,6 @@ class MlflowTrialCallback(Callback):
         new_tags = where if where != self._seen_tags.get(trial.trial_id) else {}
         self._seen_tags[trial.trial_id] = where
         self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in new_tags.items()])
-        self.log_calls += 1
         self.epochs_logged += 1
         self.last_epoch[trial.trial_id] = epoch
 
@@ -257,8 +283,7 @@ class MlflowTrialCallback(Callback):
         self._finish(trial, "FAILED", "error")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        epochs = self.describe(trial.config).epochs
-        stopped_early = self.last_epoch.get(trial.trial_id, 0) < epochs  # ASHA stopped it (on_trial_complete too)
+        stopped_early = self.last_epoch.get(trial.trial_id, 0) < self.epochs  # ASHA's stops complete trials too
         self._finish(trial, "FINISHED", "early_stopped" if stopped_early else "finished")
 
     def _finish(self, trial: Any, status: str, label: str) -> None:

@@ -32,7 +32,9 @@ def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[st
     params = parse_params(params_json, "trial params")
     model_cfg = params.model_for(config["variant"])
     train_cfg = params.train.model_copy(update={"seed": config["seed"]})
-    if not ray.get_gpu_ids() and train_cfg.device != "cpu":  # use the GPU Ray assigned, or none at all
+    if not ray.get_gpu_ids():  # use the GPU Ray assigned, or none at all
+        if train_cfg.device == "cuda":
+            raise ValueError("train.device is 'cuda' but Ray assigned this trial no GPU (sweep.resources.gpu)")
         train_cfg = train_cfg.model_copy(update={"device": "cpu"})
     where = {"ray.node_id": ray.get_runtime_context().get_node_id(), **describe_device(train_cfg)}
     fail_after = config.get("fail_once_after_epoch")

@@ -14,9 +14,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipeline.config import ConfigError, Params, load_params
+from pipeline.config import Params, load_params
 
-EXPECTED_FAILURES: tuple[type[Exception], ...] = (ConfigError, FileNotFoundError, ValueError)
+# ConfigError is a ValueError; library code raises ValueError for input it cannot use (a corrupt archive, a bad
+# checkpoint). A bug that raises ValueError still shows its traceback with -v.
+EXPECTED_FAILURES: tuple[type[Exception], ...] = (FileNotFoundError, ValueError)
 
 
 def make_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -54,6 +56,9 @@ def run(stage: Callable[[argparse.Namespace, Params], int], args: argparse.Names
         return stage(args, params)
     except EXPECTED_FAILURES as err:
         log.error("%s", err)
+        log.debug("traceback (a bug rather than bad input? please report it)", exc_info=True)
+        if not args.verbose:
+            log.error("(run with -v for the traceback)")
         return 2
     except KeyboardInterrupt:
         log.error("interrupted; outputs written so far are complete, re-run to continue")

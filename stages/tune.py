@@ -38,7 +38,7 @@ def summary(trials: list[dict]) -> dict:
     """Final test accuracy per variant: mean, std and count over seeds (finished and early-stopped trials)."""
     per_variant: dict[str, list[float]] = {}
     for trial in trials:
-        if "test_acc" in trial["metrics"]:
+        if trial["status"] in ("finished", "early_stopped") and "test_acc" in trial["metrics"]:
             per_variant.setdefault(trial["variant"], []).append(trial["metrics"]["test_acc"])
     return {variant: {"test_acc": statistics.fmean(accs), "test_acc_std": statistics.pstdev(accs), "seeds": len(accs)}
             for variant, accs in sorted(per_variant.items())}  # fmt: skip
@@ -59,7 +59,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     outcome = sweep.run_sweep(params, data, root)
     if outcome.interrupted:
         return 130
-    manifest = outcome.manifest(params)
+    manifest = outcome.manifest()
     write_json(OUT_DIR / "manifest.json", manifest)
     write_json(OUT_DIR / "metrics.json", summary(manifest["trials"]))
     log.info("wrote %s (parent run %s)", OUT_DIR / "manifest.json", outcome.sweep.parent_run_id)

@@ -79,9 +79,9 @@ class WindowPlan:
 def plan_windows(probs: Tensor, eps: float) -> WindowPlan:
     """The plan for a layer's (H, N, N) probabilities and ``eps`` (see ``WindowPlan``)."""
     needed, counts = select_keys(probs, eps)
-    widest = counts.amax(-1)  # (H,)
-    shift_heads = [h for h in range(len(widest)) if widest[h] == 1]
-    window_heads = [h for h in range(len(widest)) if widest[h] > 1]
+    widest = counts.amax(-1).tolist()  # (H,), one host sync for the layer
+    shift_heads = [h for h, w in enumerate(widest) if w == 1]
+    window_heads = [h for h, w in enumerate(widest) if w > 1]
     shift_keys = needed[shift_heads].float().argmax(-1)  # (Hs, N): the one kept key
     union = needed[window_heads].any(0)  # (N, N)
     width = int(union.sum(-1).max()) if window_heads else 0

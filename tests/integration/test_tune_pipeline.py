@@ -19,7 +19,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import load_params
-from pipeline.sweep import experiment_name
+from pipeline.sweep import experiment_name, prepared_data_hash
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -140,7 +140,8 @@ def test_interrupted_sweep_restores(swept: dict, project: Project, stop: signal.
     params["train"]["epochs"] = epochs
     params["sweep"]["fail_once_after_epoch"] = None
     project.write_params(params)
-    path = project.path / "results/ray" / experiment_name(load_params(project.path / "params.yaml"))
+    tiny = load_params(project.path / "params.yaml")
+    path = project.path / "results/ray" / experiment_name(tiny, prepared_data_hash(tiny, project.path))
     first = subprocess.Popen(["python", "-m", "stages.tune"], cwd=project.path, env=project.env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.monotonic() + 120
@@ -165,7 +166,7 @@ def test_interrupted_sweep_restores(swept: dict, project: Project, stop: signal.
     for run in after.values():
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "test_acc")]
-        assert sorted(set(steps)) == list(range(1, epochs + 1)), steps
+        assert sorted(steps) == list(range(1, epochs + 1)), steps  # each epoch logged once
     assert client.get_run(record["parent_run_id"]).info.status == "FINISHED"
 
 

@@ -40,6 +40,7 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
         ({"sweep": {"seeds": []}}, "sweep.seeds", "at least one seed"),
         ({"data": {"dataset": "cifar10"}}, "data.cifar10_path", "required"),
         ({"tracking": {"uri": "./mlruns"}}, "tracking.uri", "file stores"),
+        ({"train": {"device": "cuda"}}, "train.device", "sweep.resources.gpu > 0"),
         ({"variants": {"x": {"arch": "sa"}}}, "variants.x", "needs an encoding"),
         (
             {"variants": {"x": {"arch": "sa", "encoding": "cubic"}}, "sweep": {"variants": ["x"]}},

@@ -171,7 +171,8 @@ def test_config_field_defaults_to_dense_and_is_validated() -> None:
     assert parse_params({"model": {"attention_window_eps": 1e-6}}).model.attention_window_eps == 1e-6
     with pytest.raises(ConfigError, match="model.attention_window_eps"):
         parse_params({"model": {"attention_window_eps": -0.1}})
-    assert type(build_model(ModelConfig(arch="resnet18", resnet_width=4, attention_window_eps=1e-3))).__name__
+    resnet = build_model(ModelConfig(arch="resnet18", resnet_width=4, attention_window_eps=1e-3))
+    assert not any(isinstance(m, LocalMultiHeadSelfAttention) for m in resnet.modules())  # ignored for a ResNet
 
 
 def test_localised_model_can_be_pruned() -> None:

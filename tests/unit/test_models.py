@@ -17,7 +17,7 @@ SMALL = ModelConfig(hidden=16, layers=2, ffn=24, learned_dim=8, resnet_width=4)
 
 
 def _variant(base: ModelConfig, name: str) -> ModelConfig:
-    return base.model_copy(update=PAPER_VARIANTS[name].model_dump(exclude_none=True))
+    return PAPER_VARIANTS[name].apply(base)
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_VARIANTS))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812
 
 from pipeline.config import ModelConfig, TrainConfig, load_params
 from pipeline.data import PreparedData
@@ -345,6 +346,11 @@ def test_compile_matches_eager_and_keeps_eager_checkpoint_names(tmp_path):
 
 
 def test_augmentation_without_flips_only_crops() -> None:
-    images = torch.rand(6, 3, 8, 8)
-    out = augment_batch(images, 0, torch.Generator().manual_seed(0), hflip=False)
-    assert torch.equal(out, images)
+    images = torch.rand(16, 3, 8, 8)
+    out = augment_batch(images, 1, torch.Generator().manual_seed(0), hflip=False)
+    padded = F.pad(images, (1, 1, 1, 1))
+    crops = [padded[..., r : r + 8, c : c + 8] for r in range(3) for c in range(3)]  # the 9 unflipped crops
+    for i in range(16):
+        assert any(torch.equal(out[i], crop[i]) for crop in crops), f"image {i} is not an unflipped crop"
+    flipped = augment_batch(images, 1, torch.Generator().manual_seed(0), hflip=True)
+    assert not torch.equal(flipped, out)  # same crops, some of them flipped
