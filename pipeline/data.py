@@ -82,8 +82,8 @@ def save_prepared(data: PreparedData, out_dir: Path, provenance: dict | None = N
     """Write train.pt, test.pt and manifest.json into a sibling temp dir, then swap it into place.
 
     A killed run leaves at most a ``.<name>.tmp-*`` directory; the previous output is only removed once the new one
-    is complete. Writing the same data again changes nothing on disk. ``cfg`` adds the dataset name and split seed to
-    the manifest. Returns the manifest.
+    is complete. Writing the same data again changes nothing on disk. ``provenance`` (``datasets.provenance``) adds
+    the dataset and split seed to the manifest. Returns the manifest.
     """
     out_dir = Path(out_dir)
     manifest = build_manifest(data, provenance)
