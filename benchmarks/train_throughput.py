@@ -29,6 +29,7 @@ import torch
 
 from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
 from pipeline.datasets import CIFAR10_MEAN, CIFAR10_STD
+from pipeline.device import synchronize
 from pipeline.models import build_model
 from pipeline.speed import (
     count_training_flops,
@@ -36,7 +37,6 @@ from pipeline.speed import (
     peak_memory_bytes,
     reset_peak_memory,
     set_gaussian_heads,
-    synchronize,
 )
 from pipeline.train import DeviceData, Trial, build_optimizer, build_scheduler, evaluate, train_one_epoch
 

@@ -41,6 +41,12 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
         yield
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued CUDA work (a no-op on the CPU), so that wall-clock time covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def describe_device(cfg: TrainConfig) -> dict[str, str]:
     """String tags naming the hardware and precision a trial with ``cfg`` runs on (for MLflow tags)."""
     device = resolve_device(cfg)

@@ -19,16 +19,10 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.device import autocast
+from pipeline.device import autocast, synchronize
 from pipeline.models.positional import GeneralizedQuadraticEncoding, QuadraticEncoding
 
 log = logging.getLogger(__name__)
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued CUDA work (a no-op on the CPU), so that wall-clock time covers it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def matmul_peak_flops(
@@ -119,5 +113,4 @@ __all__ = [
     "peak_memory_bytes",
     "reset_peak_memory",
     "set_gaussian_heads",
-    "synchronize",
 ]

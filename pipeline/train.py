@@ -23,7 +23,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.config import ModelConfig, TrainConfig
-from pipeline.device import autocast, autocast_dtype, describe_device, resolve_device
+from pipeline.device import autocast, autocast_dtype, describe_device, resolve_device, synchronize
 from pipeline.models import build_model
 
 if TYPE_CHECKING:
@@ -322,14 +322,12 @@ def load_head_history(checkpoint_dir: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text()) if path.is_file() else []
 
 
-def _model_for(checkpoint: dict, model_cfg: ModelConfig, heads_per_layer: list[int] | None) -> nn.Module:
-    channels, size, _ = checkpoint["image_shape"]
+def _model_for(
+    model_cfg: ModelConfig, image_shape: Sequence[int], num_classes: int, heads_per_layer: list[int] | None
+) -> nn.Module:
+    channels, size, _ = image_shape
     return build_model(
-        model_cfg,
-        image_size=size,
-        in_channels=channels,
-        num_classes=checkpoint["num_classes"],
-        heads_per_layer=heads_per_layer,
+        model_cfg, image_size=size, in_channels=channels, num_classes=num_classes, heads_per_layer=heads_per_layer
     )
 
 
@@ -337,7 +335,7 @@ def model_from_checkpoint(checkpoint_dir: Path) -> nn.Module:
     """The checkpoint's model (its own config and heads per layer, e.g. pruned), on the CPU, in eval mode."""
     checkpoint = load_checkpoint(checkpoint_dir)
     model_cfg = ModelConfig.model_validate(checkpoint["model_config"])
-    model = _model_for(checkpoint, model_cfg, checkpoint["heads_per_layer"])
+    model = _model_for(model_cfg, checkpoint["image_shape"], checkpoint["num_classes"], checkpoint["heads_per_layer"])
     model.load_state_dict(checkpoint["model"])
     return model.eval()
 
@@ -382,14 +380,7 @@ def _start(
     source = resume or init
     if heads_per_layer is None and source is not None:
         heads_per_layer = source["heads_per_layer"]
-    channels, size, _ = data.image_shape
-    model = build_model(
-        model_cfg,
-        image_size=size,
-        in_channels=channels,
-        num_classes=data.num_classes,
-        heads_per_layer=heads_per_layer,
-    )
+    model = _model_for(model_cfg, data.image_shape, data.num_classes, heads_per_layer)
     if source is not None:
         model.load_state_dict(source["model"])
     model.to(device)
@@ -427,8 +418,7 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
     F.cross_entropy(logits.float(), data.train_labels[: cfg.batch_size]).backward()
     evaluate(trial.runner, data.test_images[: cfg.eval_batch_size], data.test_labels[: cfg.eval_batch_size],
              data, cfg.eval_batch_size, amp_dtype)  # fmt: skip
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
@@ -507,8 +497,7 @@ def run_trial(
         )
 
     while trial.epoch < train_cfg.epochs:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         metrics = train_one_epoch(trial, on_device, train_cfg, amp_dtype)  # .item() at the end synchronises
         seconds = time.perf_counter() - started
