@@ -5,8 +5,13 @@ and ``train.device`` are overridden), on the CPU and, when present, on CUDA (bf1
 ``auto``). The first epoch pays one-off costs (allocator, kernel selection, caches), so the table gives the
 median of the later epochs when there are any. Nothing is asserted: speed is measured here, not in tests.
 
-    python benchmarks/train_speed.py                      # smoke sizes of params.yaml, 2 epochs
-    python benchmarks/train_speed.py --epochs 3 --variants sa_quadratic_9 resnet18
+``--history DIR`` also keeps every epoch's metrics (``history.csv``) and draws the loss and accuracy curves
+(``curves.png``): a short real run, e.g. 15 epochs of the paper's cosine schedule on CIFAR-10 on a GPU.
+
+    python -m benchmarks.train_speed                      # smoke sizes of params.yaml, 2 epochs
+    python -m benchmarks.train_speed --epochs 3 --variants sa_quadratic_9 resnet18
+    python -m benchmarks.train_speed --params params/paper.yaml --epochs 15 --devices cuda \
+        --variants sa_quadratic_9 resnet18 --history results/short_run
 """
 
 from __future__ import annotations
@@ -43,14 +48,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own choice)")
     parser.add_argument("--verbose", action="store_true", help="log every epoch")
+    parser.add_argument("--history", type=Path, metavar="DIR", help="write history.csv and curves.png there")
     args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error("--epochs must be at least 1")
     return args
 
 
-def time_variant(params: Params, variant: str, device: str, epochs: int, data: PreparedData) -> dict[str, str]:
-    """One trial of ``variant`` on ``device``; returns the table row."""
+def time_variant(
+    params: Params, variant: str, device: str, epochs: int, data: PreparedData
+) -> tuple[dict[str, str], list[dict[str, float]]]:
+    """One trial of ``variant`` on ``device``; returns the table row and every epoch's metrics."""
     model_cfg = params.model_for(variant)
     train_cfg = params.train.model_copy(update={"epochs": epochs, "device": device})
     history: list[dict[str, float]] = []
@@ -59,7 +67,7 @@ def time_variant(params: Params, variant: str, device: str, epochs: int, data: P
     seconds = statistics.median(m["epoch_time_s"] for m in steady)
     channels, size, _ = data.image_shape
     model = build_model(model_cfg, image_size=size, in_channels=channels, num_classes=data.num_classes)
-    return {
+    row = {
         "model": variant,
         "device": describe_device(train_cfg)["device_name"] if device == "cuda" else "cpu",
         "precision": describe_device(train_cfg)["precision"],
@@ -68,6 +76,39 @@ def time_variant(params: Params, variant: str, device: str, epochs: int, data: P
         "images/s": f"{len(data.train_labels) / seconds:,.0f}",
         "test_acc": f"{final['test_acc']:.3f}",
     }
+    return row, history
+
+
+def write_history(runs: list[tuple[dict[str, str], list[dict[str, float]]]], out_dir: Path, title: str) -> None:
+    """Every epoch of every run as ``history.csv``, and ``curves.png``: losses (train solid, test dashed) and test
+    accuracy against the epoch, one colour per model and device."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from matplotlib.ticker import MaxNLocator
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(
+        [{"model": row["model"], "device": row["device"], **metrics} for row, history in runs for metrics in history]
+    )
+    frame.to_csv(out_dir / "history.csv", index=False)
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    for (model, device), run in frame.groupby(["model", "device"], sort=False):
+        label = f"{model} ({device})"
+        line = loss_ax.plot(run["epoch"], run["train_loss"], label=f"{label} train")[0]
+        loss_ax.plot(run["epoch"], run["test_loss"], linestyle="--", color=line.get_color(), label=f"{label} test")
+        acc_ax.plot(run["epoch"], run["test_acc"], color=line.get_color(), marker="o", markersize=3, label=label)
+    loss_ax.set(xlabel="epoch", ylabel="cross-entropy", title="loss (train solid, test dashed)")
+    acc_ax.set(xlabel="epoch", ylabel="test accuracy", title="test accuracy", ylim=(0, 1))
+    for ax in (loss_ax, acc_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(out_dir / "curves.png", dpi=150)
+    plt.close(fig)
 
 
 def format_table(rows: list[dict[str, str]]) -> str:
@@ -93,14 +134,18 @@ def main(argv: list[str] | None = None) -> int:
         params.model_for(name)  # fail on an unknown name before any training
     devices = args.devices or ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
     data = prepare_dataset(params.data, args.params.resolve().parent)
-    rows = [time_variant(params, name, device, args.epochs, data) for device in devices for name in variants]
+    runs = [time_variant(params, name, device, args.epochs, data) for device in devices for name in variants]
     epochs_note = "median of epochs 2.." if args.epochs > 1 else "single epoch, includes warm-up"
-    print(
+    summary = (
         f"{params.data.dataset} {data.image_shape}, {len(data.train_labels)} train images, "
         f"batch {params.train.batch_size}, {args.epochs} epochs ({epochs_note}), torch threads "
         f"{torch.get_num_threads()}"
     )
-    print(format_table(rows))
+    print(summary)
+    print(format_table([row for row, _ in runs]))
+    if args.history is not None:
+        write_history(runs, args.history, summary)
+        print(f"per-epoch metrics: {args.history / 'history.csv'}; curves: {args.history / 'curves.png'}")
     return 0
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.common import REDUCED_MODEL, synthetic_device_data
 from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
-from pipeline.datasets import CIFAR10_MEAN, CIFAR10_STD
 from pipeline.device import synchronize
 from pipeline.models import build_model
 from pipeline.speed import (
@@ -38,12 +38,11 @@ from pipeline.speed import (
     reset_peak_memory,
     set_gaussian_heads,
 )
-from pipeline.train import DeviceData, Trial, build_optimizer, build_scheduler, evaluate, train_one_epoch
+from pipeline.train import Trial, build_optimizer, build_scheduler, evaluate, train_one_epoch
 
 PATHS = ("plain", "optimised", "compiled", "truncated")
 GAUSSIAN = {"quadratic", "generalized_quadratic"}
 TRAIN_IMAGES, TEST_IMAGES, EPOCHS = 50_000, 10_000, 300
-CPU_MODEL = {"hidden": 64, "layers": 2, "ffn": 128, "learned_dim": 64, "resnet_width": 16}
 
 
 @dataclass
@@ -85,17 +84,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _data(device: torch.device, n_train: int, n_test: int, generator: torch.Generator) -> DeviceData:
-    def images(n: int) -> torch.Tensor:
-        return torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=generator).to(device)
-
-    def labels(n: int) -> torch.Tensor:
-        return torch.randint(0, 10, (n,), generator=generator).to(device)
-
-    stats = [torch.tensor(s, device=device).view(1, 3, 1, 1) for s in (CIFAR10_MEAN, CIFAR10_STD)]
-    return DeviceData(images(n_train), labels(n_train), images(n_test), labels(n_test), *stats)
-
-
 def measure(
     name: str,
     path: str,
@@ -115,13 +103,13 @@ def measure(
     if args.head_alpha is not None:
         set_gaussian_heads(model, tuple(args.head_alpha), jitter=0.1)
     generator = torch.Generator().manual_seed(0)
-    data = _data(device, args.steps * args.batch_size, 2 * args.eval_batch_size, generator)
+    data = synthetic_device_data(device, args.steps * args.batch_size, 2 * args.eval_batch_size, generator)
     flops = count_training_flops(model, data.normalise(data.train_images[: args.batch_size].float() / 255),
                                  data.train_labels[: args.batch_size], amp)  # fmt: skip
     runner = torch.compile(model) if path == "compiled" else model  # as train.compile does
     optimizer = build_optimizer(model, cfg)
     trial = Trial(model, optimizer, build_scheduler(optimizer, cfg, args.steps), generator, runner=runner)
-    warm = _data(device, args.batch_size, args.eval_batch_size, generator)
+    warm = synthetic_device_data(device, args.batch_size, args.eval_batch_size, generator)
 
     # First calls: CUDA/cuBLAS initialisation, and compilation of the train and eval graphs on the compiled path.
     synchronize(device)
@@ -199,10 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     peak = matmul_peak_flops(device, dtype)
     print(f"device: {name}; torch {torch.__version__}")
     print(f"measured {str(dtype).removeprefix('torch.')} matmul peak: {peak / 1e12:.2f} TFLOP/s (the MFU denominator)")
-    base = ModelConfig(**CPU_MODEL) if reduced else ModelConfig()
+    base = ModelConfig(**REDUCED_MODEL) if reduced else ModelConfig()
     if reduced:
         print(
-            f"CPU: REDUCED SIZE {CPU_MODEL} (16x16 tokens as in the paper), batch {args.batch_size}, "
+            f"CPU: REDUCED SIZE {REDUCED_MODEL} (16x16 tokens as in the paper), batch {args.batch_size}, "
             f"{args.steps} steps; paper-size figures need a GPU (or --full-size)"
         )
     if not on_gpu:
