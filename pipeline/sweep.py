@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import statistics
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -180,7 +181,7 @@ class TrialRecord:
     run_name: str | None
     variant: str
     seed: int
-    status: str  # finished | early_stopped | error | interrupted
+    status: str  # tracking.FINISHED | EARLY_STOPPED | ERROR | INTERRUPTED
     epochs_completed: int
     metrics: dict[str, float]
     checkpoint_dir: str | None  # absolute path of the last checkpoint dir (checkpoint.pt, head_history.json)
@@ -200,11 +201,23 @@ class SweepOutcome:
 
     @property
     def interrupted(self) -> bool:
-        return any(t.status == "interrupted" for t in self.trials)
+        return any(t.status == tracking.INTERRUPTED for t in self.trials)
 
     @property
     def failed(self) -> bool:
-        return any(t.status == "error" for t in self.trials)
+        return any(t.status == tracking.ERROR for t in self.trials)
+
+    def metrics_summary(self) -> dict[str, dict[str, float]]:
+        """Final test accuracy per variant: mean, std and count over seeds, of the trials that ran to their end
+        (finished, or stopped early by ASHA); for ``dvc metrics show``."""
+        per_variant: dict[str, list[float]] = {}
+        for trial in self.trials:
+            if trial.status in (tracking.FINISHED, tracking.EARLY_STOPPED) and "test_acc" in trial.metrics:
+                per_variant.setdefault(trial.variant, []).append(trial.metrics["test_acc"])
+        return {
+            variant: {"test_acc": statistics.fmean(accs), "test_acc_std": statistics.pstdev(accs), "seeds": len(accs)}
+            for variant, accs in sorted(per_variant.items())
+        }
 
     def manifest(self) -> dict[str, Any]:
         return {
@@ -283,7 +296,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
     try:
         with ray_session(params):
             results = _tuner(params, data, path, callback).fit()
-        records = _records(results, sweep, params)
+        records = _records(results, sweep)
     except BaseException:  # a lost cluster, a second Ctrl-C, an MLflow error: never leave runs RUNNING
         tracking.close_interrupted(sweep)
         raise
@@ -297,7 +310,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
     return outcome
 
 
-def _records(results: tune.ResultGrid, sweep: tracking.SweepRun, params: Params) -> list[TrialRecord]:
+def _records(results: tune.ResultGrid, sweep: tracking.SweepRun) -> list[TrialRecord]:
     runs = tracking.child_runs(sweep)
     by_variant_seed = {(run.data.tags.get("variant"), run.data.tags.get("seed")): run for run in runs.values()}
     records = []
@@ -306,13 +319,7 @@ def _records(results: tune.ResultGrid, sweep: tracking.SweepRun, params: Params)
         # A trial that failed before its first report has no trial_id in its metrics; its run is still tagged.
         run = runs.get(trial_id) or by_variant_seed.get((result.config["variant"], str(result.config["seed"])))
         epoch = int(result.metrics.get("epoch", 0))
-        unfinished = epoch == 0 or (epoch < params.train.epochs and not params.sweep.asha.enabled)
-        if result.error is not None:
-            status = "error"
-        elif unfinished or (run is not None and run.info.status == "RUNNING"):  # Tune stopped early: Ctrl-C
-            status = "interrupted"
-        else:
-            status = "finished" if epoch >= params.train.epochs else "early_stopped"
+        status = tracking.ERROR if result.error is not None else tracking.trial_outcome(run)
         checkpoint = result.checkpoint.path if result.checkpoint is not None else None
         history = str(Path(checkpoint) / HEAD_HISTORY_FILE) if checkpoint else None
         history = history if history and Path(history).is_file() else None

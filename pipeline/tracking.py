@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
 PARENT_FILE = "mlflow_parent_run.json"  # in the Ray experiment dir: the sweep's parent run, reused on restore
 
+# How a trial ended. The callback decides it when Tune ends the trial and tags the run (``tune.status``); the
+# manifest reads it back from the run (``trial_outcome``), so both always say the same.
+FINISHED, EARLY_STOPPED, ERROR, INTERRUPTED = "finished", "early_stopped", "error", "interrupted"
+
 
 @dataclass(frozen=True)
 class TrialInfo:
@@ -179,12 +183,21 @@ def child_runs(sweep: SweepRun) -> dict[str, Any]:
     return {run.data.tags.get("ray.trial_id", run.info.run_id): run for run in runs}
 
 
+def trial_outcome(run: Any | None) -> str:
+    """How the trial of ``run`` (an MLflow ``Run``, read after ``fit()``) ended: the label its callback set when Tune
+    ended it, or ``interrupted`` when Tune never did (the run is still open: Ctrl-C, SIGTERM, a lost driver)."""
+    if run is None or run.info.status == "RUNNING":
+        return INTERRUPTED
+    label = run.data.tags.get("tune.status")
+    return label if label in (FINISHED, EARLY_STOPPED, ERROR) else INTERRUPTED
+
+
 def close_interrupted(sweep: SweepRun) -> int:
     """Mark the trials' runs still RUNNING (driver interrupted) and the parent as KILLED; a restore reopens them."""
     client = MlflowClient(sweep.tracking_uri)
     open_runs = [run for run in child_runs(sweep).values() if run.info.status == "RUNNING"]
     for run in open_runs:
-        client.set_tag(run.info.run_id, "tune.status", "interrupted")
+        client.set_tag(run.info.run_id, "tune.status", INTERRUPTED)
         client.set_terminated(run.info.run_id, status="KILLED")
     client.set_terminated(sweep.parent_run_id, status="KILLED")
     return len(open_runs)
@@ -280,18 +293,18 @@ class MlflowTrialCallback(Callback):
             self.client.set_tag(run_id, "tune.status", "retrying")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._finish(trial, "FAILED", "error")
+        self._finish(trial, "FAILED", ERROR)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         stopped_early = self.last_epoch.get(trial.trial_id, 0) < self.epochs  # ASHA's stops complete trials too
-        self._finish(trial, "FINISHED", "early_stopped" if stopped_early else "finished")
+        self._finish(trial, "FINISHED", EARLY_STOPPED if stopped_early else FINISHED)
 
     def _finish(self, trial: Any, status: str, label: str) -> None:
         run_id = self.runs.get(trial.trial_id)
         if run_id is None:
             return
         tags = {"tune.status": label, "tune.last_epoch": str(self.last_epoch.get(trial.trial_id, 0))}
-        if label == "early_stopped":
+        if label == EARLY_STOPPED:
             tags["tune.early_stopped"] = "true"
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         self._log_checkpoint(run_id, trial)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 from pathlib import Path
 
@@ -34,16 +33,6 @@ def write_json(path: Path, payload: dict) -> None:
     tmp.replace(path)
 
 
-def summary(trials: list[dict]) -> dict:
-    """Final test accuracy per variant: mean, std and count over seeds (finished and early-stopped trials)."""
-    per_variant: dict[str, list[float]] = {}
-    for trial in trials:
-        if trial["status"] in ("finished", "early_stopped") and "test_acc" in trial["metrics"]:
-            per_variant.setdefault(trial["variant"], []).append(trial["metrics"]["test_acc"])
-    return {variant: {"test_acc": statistics.fmean(accs), "test_acc_std": statistics.pstdev(accs), "seeds": len(accs)}
-            for variant, accs in sorted(per_variant.items())}  # fmt: skip
-
-
 def stage(args: argparse.Namespace, params: Params) -> int:
     if ray_address(params.sweep) is None:
         keep_local_ray_on_loopback()  # before Ray is imported
@@ -61,7 +50,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         return 130
     manifest = outcome.manifest()
     write_json(OUT_DIR / "manifest.json", manifest)
-    write_json(OUT_DIR / "metrics.json", summary(manifest["trials"]))
+    write_json(OUT_DIR / "metrics.json", outcome.metrics_summary())
     log.info("wrote %s (parent run %s)", OUT_DIR / "manifest.json", outcome.sweep.parent_run_id)
     if outcome.failed:
         log.error("some trials failed after their retries; re-run to resume them from their checkpoints")

@@ -170,6 +170,39 @@ def test_interrupted_sweep_restores(swept: dict, project: Project, stop: signal.
     assert client.get_run(record["parent_run_id"]).info.status == "FINISHED"
 
 
+def test_asha_stops_weak_trials_early_and_says_so(swept: dict, project: Project) -> None:
+    """ASHA (grace 1, halving) over the five variants, one at a time so its decisions do not depend on timing."""
+    params = yaml.safe_load((project.path / "params.yaml").read_text())
+    params["train"]["epochs"] = 4
+    params["sweep"].update(
+        variants=["sa_quadratic_9", "sa_quadratic_16", "sa_generalized_9", "sa_learned_9", "resnet18"],
+        max_concurrent_trials=1, fail_once_after_epoch=None,
+        asha={"enabled": True, "grace_period": 1, "reduction_factor": 2},
+    )  # fmt: skip
+    project.write_params(params)
+    project.run("python", "-m", "stages.tune")
+    manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
+    client = MlflowClient(manifest["tracking_uri"])
+    runs = {r.info.run_id: r for r in children(client, manifest)}
+    by_status: dict[str, list[dict]] = {}
+    for trial in manifest["trials"]:
+        by_status.setdefault(trial["status"], []).append(trial)
+        run = runs[trial["run_id"]]
+        assert run.info.status == "FINISHED"  # stopped early is a normal end, not a failure
+        assert run.data.tags["tune.status"] == trial["status"]  # one decision, seen the same in both places
+        steps = [m.step for m in client.get_metric_history(trial["run_id"], "test_acc")]
+        assert steps == list(range(1, trial["epochs_completed"] + 1))
+        assert (project.path / trial["checkpoint_dir"] / "checkpoint.pt").is_file()
+    assert set(by_status) <= {"finished", "early_stopped"}
+    assert by_status.get("early_stopped"), "ASHA stopped no trial"  # halving at epochs 1 and 2 over 5 trials
+    assert all(t["epochs_completed"] == 4 for t in by_status.get("finished", []))
+    for trial in by_status["early_stopped"]:
+        assert trial["epochs_completed"] in (1, 2)  # ASHA's rungs
+        assert runs[trial["run_id"]].data.tags["tune.early_stopped"] == "true"
+    metrics = json.loads((project.path / "results/tune/metrics.json").read_text())
+    assert set(metrics) == {t["variant"] for t in manifest["trials"]}
+
+
 def test_local_ray_talks_over_loopback_only(ray_address: str) -> None:
     import ray
 
