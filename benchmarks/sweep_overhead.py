@@ -6,6 +6,9 @@ MLflow store, then prints:
                   trials' own time (Ray's time_total_s: epochs, evaluation, checkpoint writes), with
                   --concurrency 1 so the two are comparable; target < 1.15 at smoke scale
   MLflow calls    requests the driver-side callback makes per epoch result (target: 1, one log_batch)
+
+When Ray is already initialised in the calling process (the test session's), the sweep uses it and the Ray start is
+not measured. Usage: ``python -m benchmarks.sweep_overhead [--epochs 16] [--help]``.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from pipeline.sweep import run_sweep  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     parser.add_argument("--variants", nargs="+", default=["sa_quadratic_9", "resnet18"])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=1, help="max concurrent trials (default: %(default)s)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.epochs < 1 or args.concurrency < 1:
+        parser.error("--epochs and --concurrency must be at least 1")
     logging.basicConfig(level=logging.WARNING)
 
     raw = load_params(args.params).model_dump(mode="json")
@@ -47,22 +52,25 @@ def main() -> None:
         data = prepare_dataset(params.data, ROOT)
         import ray
 
+        own_ray = not ray.is_initialized()
         started = time.perf_counter()
-        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+        if own_ray:
+            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
         ray_start = time.perf_counter() - started
         try:
             started = time.perf_counter()
             outcome = run_sweep(params, data, root)
             wall = time.perf_counter() - started
         finally:
-            ray.shutdown()
+            if own_ray:
+                ray.shutdown()
         trial_seconds = 0.0
         for result_file in Path(outcome.experiment_path).glob("*/result.json"):
             last = result_file.read_text().strip().splitlines()[-1]
             trial_seconds += json.loads(last)["time_total_s"]
     epochs = sum(t.epochs_completed for t in outcome.trials)
     print(f"trials: {len(outcome.trials)} x {args.epochs} epochs, concurrency {args.concurrency}")
-    print(f"ray start: {ray_start:.1f} s (not counted)")
+    print(f"ray start: {ray_start:.1f} s (not counted)" if own_ray else "ray: the Ray already running in this process")
     print(f"sweep wall time: {wall:.1f} s; sum of trials' own time: {trial_seconds:.1f} s")
     if args.concurrency == 1 and trial_seconds > 0:
         print(f"overhead ratio wall / trials: {wall / trial_seconds:.2f} (target < 1.15)")
@@ -71,7 +79,8 @@ def main() -> None:
         per_epoch = calls.get("log_batch", 0) - len(outcome.trials) * 2  # each run also logs params and end tags
         print(f"MLflow requests per epoch: {per_epoch / outcome.epochs_logged:.2f} (log_batch, {epochs} epochs)")
         print(f"MLflow requests per trial, all: {sum(calls.values()) / len(outcome.trials):.1f} {dict(calls)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
