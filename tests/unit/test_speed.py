@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from pipeline.config import ModelConfig, TrainConfig
+from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
 from pipeline.counting import count_flops
 from pipeline.models import build_model
 from pipeline.speed import (
@@ -118,6 +118,22 @@ def test_truncated_training_step_matches_the_plain_one() -> None:
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     torch.testing.assert_close(weights[1], weights[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(PAPER_VARIANTS))
+def test_every_sweep_model_compiles_to_one_graph(name: str) -> None:
+    """train.compile pays only if TorchDynamo captures the whole forward: a graph break (a Python-side cache, a
+    data-dependent branch) would split it and put the interpreter back between kernels."""
+    import torch._dynamo as dynamo
+
+    model = build_model(PAPER_VARIANTS[name].apply(SMALL), image_size=16).train()
+    dynamo.reset()
+    try:
+        explained = dynamo.explain(model)(torch.randn(2, 3, 16, 16))
+    finally:
+        dynamo.reset()
+    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+    assert explained.graph_count == 1
 
 
 @pytest.mark.gpu
