@@ -6,12 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pipeline.config import PAPER_VARIANTS, ModelConfig
 from pipeline.counting import count_flops, count_parameters
 from pipeline.models import build_model
 from pipeline.models.sa_net import space_to_depth
 from pipeline.reference import PAPER_FIGURES, PAPER_PRUNED_HEADS
+from pipeline.train import augment_batch
 
 SMALL = ModelConfig(hidden=16, layers=2, ffn=24, learned_dim=8, resnet_width=4)
 
@@ -30,6 +32,41 @@ def test_forward_backward_every_variant(name: str) -> None:
     out.square().sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
     assert not missing, f"no (finite) gradient for {missing}"
+
+
+def _on_fake_device(model: torch.nn.Module, mode: FakeTensorMode, device: str) -> torch.nn.Module:
+    """What ``model.to(device)`` does (parameters and buffers move, nothing else), with fake tensors."""
+    slots = [
+        (module, kind, name, mode.from_tensor(tensor))
+        for module in model.modules()
+        for kind in ("_parameters", "_buffers")
+        for name, tensor in getattr(module, kind).items()
+        if tensor is not None
+    ]
+    with mode:
+        for module, kind, name, fake in slots:
+            moved = fake.to(device).detach()
+            getattr(module, kind)[name] = torch.nn.Parameter(moved) if kind == "_parameters" else moved
+    return model
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")  # the pruned layer without heads
+@pytest.mark.parametrize("heads_per_layer", [None, [2, 0]], ids=["full", "pruned"])
+@pytest.mark.parametrize("name", sorted(PAPER_VARIANTS))
+def test_forward_on_a_fake_cuda_device_never_mixes_devices(name: str, heads_per_layer: list[int] | None) -> None:
+    """No GPU in CI, but FakeTensorMode propagates devices without one: a tensor that a forward pass (or the
+    on-device augmentation) creates on the CPU and mixes with CUDA activations fails here as it would on a GPU.
+    Forward only: the autograd engine needs a real driver (the backward runs in the gpu-marked tests)."""
+    if heads_per_layer is not None and name == "resnet18":
+        pytest.skip("no heads to prune")
+    model = build_model(_variant(SMALL, name), image_size=16, heads_per_layer=heads_per_layer)
+    mode = FakeTensorMode()
+    _on_fake_device(model, mode, "cuda")
+    with mode:
+        images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8, device="cuda")
+        batch = augment_batch(images.float() / 255, 2, torch.Generator().manual_seed(0))
+        out = model(batch)
+        assert out.device.type == "cuda" and out.shape == (3, 10)
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_VARIANTS))
