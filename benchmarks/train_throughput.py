@@ -106,7 +106,9 @@ def measure(
     data = synthetic_device_data(device, args.steps * args.batch_size, 2 * args.eval_batch_size, generator)
     flops = count_training_flops(model, data.normalise(data.train_images[: args.batch_size].float() / 255),
                                  data.train_labels[: args.batch_size], amp)  # fmt: skip
-    runner = torch.compile(model) if path == "compiled" else model  # as train.compile does
+    if path == "compiled":
+        torch._dynamo.reset()  # as train.compile does: earlier models' graphs must not fill the recompile limit
+    runner = torch.compile(model) if path == "compiled" else model
     optimizer = build_optimizer(model, cfg)
     trial = Trial(model, optimizer, build_scheduler(optimizer, cfg, args.steps), generator, runner=runner)
     warm = synthetic_device_data(device, args.batch_size, args.eval_batch_size, generator)

@@ -266,8 +266,8 @@ def head_snapshot(model: nn.Module, epoch: int) -> dict[str, Any] | None:
 
 def _rng_state(generator: torch.Generator, device: torch.device) -> dict[str, Any]:
     state: dict[str, Any] = {"data": generator.get_state(), "torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":  # the training device's only: a resume may see fewer GPUs (Ray assigns one)
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
@@ -275,7 +275,7 @@ def _restore_rng(state: dict[str, Any], generator: torch.Generator, device: torc
     generator.set_state(state["data"])
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"], device)
     elif device.type == "cuda":  # a CPU checkpoint continued on a GPU: not bit-exact anyway, say so
         log.warning("checkpoint has no CUDA RNG state (written on the CPU); CUDA dropout continues from the seed")
 
@@ -406,18 +406,25 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
     Returns the compilation time in seconds.
     """
     model, device = trial.model, data.train_labels.device
+    # Dynamo's compiled-code cache lives as long as the process, and Tune reuses a worker for the next trial
+    # (reuse_actors): without a reset, graphs of earlier trials' models fill the recompile limit and a later
+    # trial silently runs eagerly.
+    torch._dynamo.reset()
     trial.runner = torch.compile(model)  # shares model's parameters; the checkpoint keeps the eager names
     rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     started = time.perf_counter()
-    images = data.normalise(data.train_images[: cfg.batch_size].float().div(255))  # (B, C, H, W)
     model.train()
-    with autocast(device, amp_dtype):
-        logits = trial.runner(images)
-    F.cross_entropy(logits.float(), data.train_labels[: cfg.batch_size]).backward()
-    evaluate(trial.runner, data.test_images[: cfg.eval_batch_size], data.test_labels[: cfg.eval_batch_size],
-             data, cfg.eval_batch_size, amp_dtype)  # fmt: skip
+    # Every batch shape an epoch will see: the full batch and, when the set does not divide, the last one.
+    n_train, n_test = data.train_labels.numel(), data.test_labels.numel()
+    for size in sorted({min(cfg.batch_size, n_train), n_train % cfg.batch_size} - {0}, reverse=True):
+        images = data.normalise(data.train_images[:size].float().div(255))  # (size, C, H, W)
+        with autocast(device, amp_dtype):
+            logits = trial.runner(images)
+        F.cross_entropy(logits.float(), data.train_labels[:size]).backward()
+    n_eval = min(n_test, cfg.eval_batch_size + n_test % cfg.eval_batch_size)  # a full and the last eval batch
+    evaluate(trial.runner, data.test_images[:n_eval], data.test_labels[:n_eval], data, cfg.eval_batch_size, amp_dtype)
     synchronize(device)
     seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
@@ -426,7 +433,7 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
             buffer.copy_(buffers[name])
     torch.set_rng_state(rng)
     if cuda_rng is not None:
-        torch.cuda.set_rng_state_all(cuda_rng)
+        torch.cuda.set_rng_state(cuda_rng, device)
     return seconds
 
 

@@ -122,3 +122,16 @@ def test_large_spread_gives_one_hot_attention_on_the_centre() -> None:
         enc.spreads.fill_((2 * 10.0) ** 0.5)  # alpha = 10
     maps = MultiHeadSelfAttention(enc, in_dim=2).attention_map((1, 1), GRID)
     assert maps[0, 2, 0] > 0.9998  # the paper's oracle: peak 0.9998 at alpha = 10
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_probabilities_are_float32_and_unchanged_under_bf16_autocast(name: str) -> None:
+    """Autocast would run the generalized and learned scores' einsum/matmul in bf16; the probabilities (position
+    only, shared by the batch) stay exact float32 whatever the training precision, for every encoding alike."""
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(build_encoding(name, 4, max_grid=4, learned_dim=6), in_dim=8)
+    exact = layer.attention_probs(GRID)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = layer.attention_probs(GRID)
+    assert mixed.dtype == torch.float32
+    assert torch.equal(mixed, exact)
