@@ -78,14 +78,49 @@ def build_manifest(data: PreparedData, provenance: dict | None = None) -> dict:
     }
 
 
+def check_output_dir(out_dir: Path) -> None:
+    """Raise ``ValueError`` unless ``save_prepared`` may replace ``out_dir``: it is absent, an empty directory, or a
+    directory holding a manifest written here (a prepared dataset, possibly damaged); and it can be created.
+
+    Replacing swaps the whole directory, so anything else there (the project itself for ``.``, a source folder,
+    the CIFAR-10 archive) would be deleted: call this before any expensive work.
+    """
+    out_dir = Path(out_dir).absolute()
+    if out_dir.exists() or out_dir.is_symlink():
+        if not out_dir.is_dir() or out_dir.is_symlink():
+            raise ValueError(f"{out_dir} exists and is not a directory; refusing to replace it")
+        if any(out_dir.iterdir()) and not _is_manifest(out_dir / "manifest.json"):
+            raise ValueError(
+                f"{out_dir} is not a prepared dataset (no manifest.json written by the prepare stage); refusing to "
+                "replace it and delete its contents: choose another directory"
+            )
+        if Path.cwd().absolute().is_relative_to(out_dir):
+            raise ValueError(f"{out_dir} contains the working directory; refusing to replace it")
+    ancestor = out_dir.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot create {out_dir}: {ancestor} is not a writable directory")
+
+
+def _is_manifest(path: Path) -> bool:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and {"version", "content_sha256", "files"} <= manifest.keys()
+
+
 def save_prepared(data: PreparedData, out_dir: Path, provenance: dict | None = None) -> dict:
     """Write train.pt, test.pt and manifest.json into a sibling temp dir, then swap it into place.
 
     A killed run leaves at most a ``.<name>.tmp-*`` directory; the previous output is only removed once the new one
     is complete. Writing the same data again changes nothing on disk. ``provenance`` (``datasets.provenance``) adds
-    the dataset and split seed to the manifest. Returns the manifest.
+    the dataset and split seed to the manifest. Returns the manifest. Refuses (``check_output_dir``) to replace
+    anything that is not a prepared dataset.
     """
     out_dir = Path(out_dir)
+    check_output_dir(out_dir)
     manifest = build_manifest(data, provenance)
     if _same_output(out_dir, manifest):
         log.info("%s is already up to date (content %s)", out_dir, manifest["content_sha256"][:12])

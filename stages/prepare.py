@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.data import save_prepared
+from pipeline.data import check_output_dir, save_prepared
 from pipeline.datasets import prepare_dataset, provenance
 from stages._cli import main_for, make_parser
 
@@ -29,6 +29,11 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     """Build the configured dataset and write it to data.prepared_dir."""
     cfg = params.data
     root = Path.cwd()
+    out_dir = root / cfg.prepared_dir
+    try:
+        check_output_dir(out_dir)  # before the dataset is built: replacing the wrong folder would delete it
+    except ValueError as err:
+        raise ValueError(f"data.prepared_dir: {err}") from None
     log.info("preparing %s (params: %s)", cfg.dataset, args.params)
     data = prepare_dataset(cfg, root)
     log.info(
@@ -40,7 +45,6 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         data.mean,
         data.std,
     )
-    out_dir = root / cfg.prepared_dir
     manifest = save_prepared(data, out_dir, provenance(cfg))
     log.info("manifest %s (content sha256 %s)", out_dir / "manifest.json", manifest["content_sha256"][:12])
     return 0

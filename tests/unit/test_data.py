@@ -252,3 +252,41 @@ def test_stage_bad_params_exit_2_naming_the_key(tmp_path, monkeypatch, caplog, d
         assert prepare_stage.main(["--params", str(params)]) == 2
     assert key in caplog.text
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("prepared_dir", "message"),
+    [
+        (".", "not a prepared dataset"),  # the project itself
+        ("", "not a prepared dataset"),
+        ("src", "not a prepared dataset"),  # a folder with someone's files
+        ("notes.txt", "not a directory"),
+        ("notes.txt/prepared", "not a writable directory"),
+    ],
+)
+def test_stage_never_replaces_what_is_not_a_prepared_dataset(tmp_path, monkeypatch, caplog, prepared_dir, message):
+    """Replacing swaps the whole directory: a wrong data.prepared_dir must be refused before the data is built,
+    and every file already there must survive."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "code.py").write_text("keep me\n")
+    (tmp_path / "notes.txt").write_text("keep me too\n")
+    params = _write_params(tmp_path / "p.yaml", prepared_dir=prepared_dir)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO):
+        assert prepare_stage.main(["--params", str(params)]) == 2
+    assert "data.prepared_dir" in caplog.text and message in caplog.text
+    assert "preparing digits" not in caplog.text  # refused before any work
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "src" / "code.py").read_text() == "keep me\n"
+
+
+def test_save_replaces_an_empty_or_damaged_prepared_dataset(digits, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    save_prepared(digits, empty)
+    (empty / "train.pt").unlink()  # damaged, but its manifest says it is ours
+    save_prepared(digits, empty)
+    assert load_prepared(empty).train_labels.tolist() == digits.train_labels.tolist()
+    with pytest.raises(ValueError, match="not a prepared dataset"):
+        save_prepared(digits, tmp_path)  # holds other files
