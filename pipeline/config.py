@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]  # what every RNG here (torch, numpy, Ray's searcher) accepts
 
 
 class ConfigError(ValueError):
@@ -111,7 +112,7 @@ class TrainConfig(_Section):
     amp: Literal["auto", "off"] = "auto"
     # torch.compile the model for training and evaluation (compile time is logged separately from epoch times).
     compile: bool = False
-    seed: int = 0
+    seed: Seed = 0
 
 
 class VariantConfig(_Section):
@@ -147,7 +148,7 @@ class SweepConfig(_Section):
     """Which variants x seeds run as Ray Tune trials, and how."""
 
     variants: list[str] = Field(default_factory=lambda: list(PAPER_VARIANTS))
-    seeds: list[int] = Field(default_factory=lambda: [0])
+    seeds: list[Seed] = Field(default_factory=lambda: [0])
     resources: Resources = Resources()
     max_concurrent_trials: PositiveInt = 2
     max_failures: Annotated[int, Field(ge=-1)] = 2
@@ -160,26 +161,37 @@ class SweepConfig(_Section):
     # from a checkpoint), to exercise retries. Part of the trial config and of its MLflow params, never a hidden switch.
     fail_once_after_epoch: PositiveInt | None = None
 
-    @field_validator("seeds")
+    @field_validator("variants", "seeds")
     @classmethod
-    def _some_seeds(cls, seeds: list[int]) -> list[int]:
-        if not seeds:
-            raise ValueError("at least one seed is required")
-        return seeds
+    def _some_and_distinct(cls, values: list, info: Any) -> list:
+        if not values:
+            raise ValueError(f"at least one {info.field_name.removesuffix('s')} is required")
+        if repeated := sorted({v for v in values if values.count(v) > 1}):
+            raise ValueError(f"listed more than once: {repeated} (each would run as an identical trial)")
+        return values
 
 
 class TrackingConfig(_Section):
     """MLflow. ``uri`` None means an sqlite store at ``<project>/mlflow.db`` (never ``file:`` / ``./mlruns``)."""
 
     uri: str | None = None
-    experiment: str = "attention-cnn"
+    experiment: Annotated[str, Field(min_length=1)] = "attention-cnn"
 
     @field_validator("uri")
     @classmethod
-    def _no_file_store(cls, uri: str | None) -> str | None:
-        if uri is not None and (uri.startswith("file:") or "://" not in uri):
+    def _supported_store(cls, uri: str | None) -> str | None:
+        if uri is None:
+            return uri
+        if uri.startswith("file:") or "://" not in uri:
             raise ValueError("use an sqlite:/// or http(s):// URI; file stores are removed in MLflow >= 3.13")
+        scheme = uri.split("://", 1)[0].split("+", 1)[0]  # postgresql+psycopg2:// is postgresql
+        if scheme not in TRACKING_SCHEMES:
+            raise ValueError(f"unsupported scheme {scheme!r}; use one of {sorted(TRACKING_SCHEMES)}")
         return uri
+
+
+# Tracking stores MLflow 3 accepts: a tracking server, or a database it migrates itself.
+TRACKING_SCHEMES = {"http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks"}
 
 
 # The paper's models (Figure 5 / Figure 9). params.yaml may define more under ``variants``.
@@ -195,7 +207,7 @@ PAPER_VARIANTS: dict[str, VariantConfig] = {
 class Params(_Section):
     """The whole of ``params.yaml``."""
 
-    seed: int = 0
+    seed: Seed = 0
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
@@ -216,6 +228,18 @@ class Params(_Section):
                 raise ValueError(f"sweep.variants: unknown variant {name!r}; defined: {sorted(self.variants)}")
         if self.train.device == "cuda" and self.sweep.resources.gpu == 0:
             raise ValueError("train.device: 'cuda' needs sweep.resources.gpu > 0 (a trial gets only the GPUs it asks)")
+        asha = self.sweep.asha
+        if asha.enabled and asha.grace_period > self.train.epochs:
+            raise ValueError(
+                f"sweep.asha.grace_period: {asha.grace_period} is more than train.epochs ({self.train.epochs}); "
+                "ASHA needs to compare trials before their end"
+            )
+        attention = [name for name in self.sweep.variants if self.variants[name].arch == "sa"]
+        if attention and self.data.image_size % self.model.downsample:
+            raise ValueError(
+                f"data.image_size: {self.data.image_size} is not divisible by model.downsample "
+                f"({self.model.downsample}), which the attention variants {attention} need"
+            )
         return self
 
     def model_for(self, variant: str) -> ModelConfig:
@@ -251,7 +275,24 @@ def parse_params(raw: Any, source: str = "<params>") -> Params:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-4`` (no dot) as a string; researchers write it that way, so read it as a float."""
+    """YAML 1.1 reads ``1e-4`` (no dot) as a string; researchers write it that way, so read it as a float.
+
+    A key written twice is an error: YAML would keep the last value silently (``epochs: 4`` ... ``epochs: 300``).
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark, f"found the key {key!r} twice", key_node.start_mark
+                    )
+                seen.add(key)
+            except TypeError:  # an unhashable key: let the base class report it
+                break
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(
@@ -264,12 +305,18 @@ _Loader.add_implicit_resolver(
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate a params file. Raises ``ConfigError`` naming the file and the offending key."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a params file")
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
     try:
-        raw = yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if raw is None:  # an empty file would silently be the paper's full configuration
+        raise ConfigError(f"{path}: the params file is empty")
     return parse_params(raw, str(path))
 
 

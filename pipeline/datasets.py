@@ -60,12 +60,15 @@ def _prepare_digits(cfg: DataConfig) -> PreparedData:
     resized = F.interpolate(grey, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False)
     images = resized.round().clamp(0, 255).to(torch.uint8).repeat(1, 3, 1, 1)  # (N, 3, S, S)
     labels = torch.from_numpy(digits.target).long()
-    train_idx, test_idx = train_test_split(
-        np.arange(len(labels)),
-        test_size=cfg.test_fraction,
-        stratify=digits.target,
-        random_state=DIGITS_SPLIT_SEED,
-    )
+    try:
+        train_idx, test_idx = train_test_split(
+            np.arange(len(labels)),
+            test_size=cfg.test_fraction,
+            stratify=digits.target,
+            random_state=DIGITS_SPLIT_SEED,
+        )
+    except ValueError as err:  # e.g. too few test images to hold every class once
+        raise ValueError(f"data.test_fraction: {cfg.test_fraction} cannot split the digits: {err}") from None
     train_idx, test_idx = torch.from_numpy(np.sort(train_idx)), torch.from_numpy(np.sort(test_idx))
     log.info("loaded %d digits (8x8 grey) from scikit-learn, resized to %dx%d RGB", len(labels), *images.shape[2:])
     mean, std = channel_stats(images[train_idx])

@@ -47,6 +47,23 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
             "variants.x.encoding",
             "unknown encoding",
         ),
+        # Found by a bad-input audit: each used to pass validation and fail (or waste compute) after Ray started.
+        ({"sweep": {"variants": []}}, "sweep.variants", "at least one variant"),
+        ({"sweep": {"seeds": [0, 0]}}, "sweep.seeds", "more than once: [0]"),
+        ({"sweep": {"variants": ["resnet18", "resnet18"]}}, "sweep.variants", "more than once: ['resnet18']"),
+        ({"sweep": {"seeds": [-1]}}, "sweep.seeds.0", "greater than or equal to 0"),
+        ({"sweep": {"seeds": [2**70]}}, "sweep.seeds.0", "less than 4294967296"),
+        ({"seed": -1}, "seed", "greater than or equal to 0"),
+        ({"train": {"seed": -1}}, "train.seed", "greater than or equal to 0"),
+        ({"data": {"image_size": 15}}, "data.image_size", "not divisible by model.downsample (2)"),
+        ({"model": {"downsample": 3}, "data": {"image_size": 32}}, "data.image_size", "model.downsample (3)"),
+        (
+            {"train": {"epochs": 4}, "sweep": {"asha": {"enabled": True, "grace_period": 10}}},
+            "sweep.asha.grace_period",
+            "more than train.epochs (4)",
+        ),
+        ({"tracking": {"uri": "foo://bar"}}, "tracking.uri", "unsupported scheme 'foo'"),
+        ({"tracking": {"experiment": ""}}, "tracking.experiment", "at least 1 character"),
     ],
 )
 def test_bad_values_name_the_file_and_key(raw: dict, key: str, message: str) -> None:
@@ -68,6 +85,33 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     listy.write_text("- 1\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_params(listy)
+
+
+def test_odd_image_sizes_are_fine_for_resnet_alone() -> None:
+    assert parse_params({"data": {"image_size": 15}, "sweep": {"variants": ["resnet18"]}}).data.image_size == 15
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "the params file is empty"),  # would silently be the paper's full configuration
+        (b"# only a comment\n", "the params file is empty"),
+        (b"train:\n  epochs: 4\n  epochs: 300\n", "found the key 'epochs' twice"),
+        (b"seed: 0\nseed: 1\n", "found the key 'seed' twice"),
+        (b"model:\n  hidden: \xff\n", "not UTF-8 text"),
+    ],
+)
+def test_params_files_that_would_be_misread(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_params(path)
+    assert str(err.value).startswith(str(path))
+
+
+def test_a_directory_is_not_a_params_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_params(tmp_path)
 
 
 def test_variant_overrides_and_frozen_configs() -> None:

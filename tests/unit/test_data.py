@@ -243,6 +243,7 @@ def test_stage_cifar10_from_tiny_archive(tiny_cifar10, tmp_path, monkeypatch):
         ({"image_size": -1}, "data.image_size"),
         ({"dataset": "mnist"}, "data.dataset"),
         ({"dataset": "cifar10", "cifar10_path": "missing.tar.gz"}, "data.cifar10_path"),
+        ({"test_fraction": 0.001}, "data.test_fraction"),  # 2 test digits cannot hold 10 classes
     ],
 )
 def test_stage_bad_params_exit_2_naming_the_key(tmp_path, monkeypatch, caplog, data, key):
