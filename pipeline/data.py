@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from pipeline.paths import check_creatable_dir
+
 log = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 1
@@ -96,11 +98,7 @@ def check_output_dir(out_dir: Path) -> None:
             )
         if Path.cwd().absolute().is_relative_to(out_dir):
             raise ValueError(f"{out_dir} contains the working directory; refusing to replace it")
-    ancestor = out_dir.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ValueError(f"cannot create {out_dir}: {ancestor} is not a writable directory")
+    check_creatable_dir(out_dir.parent)  # the new directory is written next to it, then swapped in
 
 
 def _is_manifest(path: Path) -> bool:

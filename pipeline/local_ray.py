@@ -28,6 +28,22 @@ def ray_address(sweep: SweepConfig) -> str | None:
     return sweep.ray_address or os.environ.get("RAY_ADDRESS") or None
 
 
+def check_fits_locally(sweep: SweepConfig) -> None:
+    """A local Ray has this machine's cores and GPUs and nothing else: a trial asking for more would wait forever
+    (Ray only logs that it cannot schedule it, in case an autoscaler adds nodes). Raise before anything starts."""
+    import torch  # the driver has it anyway; imported here so that --help stays fast
+
+    cores, gpus = len(os.sched_getaffinity(0)), torch.cuda.device_count()
+    wanted = sweep.resources
+    if wanted.cpu > cores:
+        raise ValueError(f"sweep.resources.cpu: each trial asks for {wanted.cpu:g} CPUs, this machine has {cores}")
+    if wanted.gpu > gpus:
+        raise ValueError(
+            f"sweep.resources.gpu: each trial asks for {wanted.gpu:g} GPU(s), this machine has {gpus} "
+            "(a local Ray; set sweep.ray_address to run on a cluster)"
+        )
+
+
 def keep_local_ray_on_loopback() -> None:
     """Make a Ray started later by this process (and its workers) use 127.0.0.1 for all its traffic."""
     if "ray" in sys.modules and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":

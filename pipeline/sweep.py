@@ -37,7 +37,8 @@ from ray.tune.search import BasicVariantGenerator
 from pipeline import tracking
 from pipeline.config import Params, params_hash, parse_params
 from pipeline.data import PreparedData, content_hash
-from pipeline.local_ray import ray_address
+from pipeline.local_ray import check_fits_locally, ray_address
+from pipeline.paths import check_creatable_dir
 from pipeline.train import HEAD_HISTORY_FILE
 from pipeline.trainable import train_trial
 
@@ -94,6 +95,19 @@ def trial_grid(params: Params) -> list[dict[str, Any]]:
     """One row per trial (variants x seeds), with the resources each one asks Ray for."""
     resources = params.sweep.resources.model_dump()
     return [{"variant": v, "seed": s, **resources} for s in params.sweep.seeds for v in params.sweep.variants]
+
+
+def preflight(params: Params, project_root: Path) -> None:
+    """What would otherwise fail only after Ray has started and the MLflow parent run exists, checked first and
+    reported naming the key: a local machine too small for one trial, storage that cannot hold the Ray results,
+    a tracking server that does not answer."""
+    if ray_address(params.sweep) is None and not ray.is_initialized():
+        check_fits_locally(params.sweep)
+    try:
+        check_creatable_dir(storage_dir(params, project_root))
+    except ValueError as err:
+        raise ValueError(f"sweep.storage_path: {err}") from None
+    tracking.check_reachable(tracking.tracking_uri(params.tracking, project_root))
 
 
 def describe_plan(params: Params, project_root: Path) -> str:
@@ -278,6 +292,7 @@ def _tuner(params: Params, data: PreparedData, path: Path, callback: tracking.Ml
 
 def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOutcome:
     """Run (or restore and finish) the sweep; the driver opens the MLflow parent run before any trial starts."""
+    preflight(params, project_root)
     name = experiment_name(params, content_hash(data))
     path = storage_dir(params, project_root) / name
     restored = tune.Tuner.can_restore(str(path))

@@ -7,6 +7,8 @@ Writes: results/tune/manifest.json  MLflow tracking URI, experiment and parent r
 Side effects (never DVC outs): MLflow runs (tracking.uri, default sqlite <project>/mlflow.db) and Ray results
 (sweep.storage_path/tune-<params hash>). An interrupted run (Ctrl-C) is restored from there by the next run.
 Ray: attaches to sweep.ray_address or $RAY_ADDRESS when set, else starts a local Ray. --dry-run starts nothing.
+Checked first (also by --dry-run): a local machine can hold one trial's sweep.resources, sweep.storage_path can be
+written, an http(s) tracking.uri answers.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
 
     if args.dry_run:
         print(sweep.describe_plan(params, Path.cwd()))
+        sweep.preflight(params, Path.cwd())  # after the plan, so a problem is the last thing on screen
         return 0
     from pipeline.data import load_prepared
 

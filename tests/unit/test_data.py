@@ -262,7 +262,7 @@ def test_stage_bad_params_exit_2_naming_the_key(tmp_path, monkeypatch, caplog, d
         ("", "not a prepared dataset"),
         ("src", "not a prepared dataset"),  # a folder with someone's files
         ("notes.txt", "not a directory"),
-        ("notes.txt/prepared", "not a writable directory"),
+        ("notes.txt/prepared", "notes.txt exists and is not a directory"),
     ],
 )
 def test_stage_never_replaces_what_is_not_a_prepared_dataset(tmp_path, monkeypatch, caplog, prepared_dir, message):

@@ -1,0 +1,78 @@
+"""What the tune stage checks before Ray starts or an MLflow run exists: each problem fails fast, naming its key."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline.config import load_params, parse_params
+from pipeline.sweep import preflight
+from stages import tune as tune_stage
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _raw() -> dict:
+    return load_params(ROOT / "params.yaml").model_dump(mode="json")
+
+
+def _params(**sweep_and_tracking):
+    raw = _raw()
+    raw["sweep"].update(sweep_and_tracking.pop("sweep", {}))
+    raw["tracking"].update(sweep_and_tracking.pop("tracking", {}))
+    return parse_params(raw, "test params")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_local_ray_without_the_gpus_a_trial_asks_for_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"sweep.resources.gpu: each trial asks for 1 GPU\(s\), this machine has 0"):
+        preflight(_params(sweep={"resources": {"cpu": 1, "gpu": 1}}), tmp_path)
+
+
+def test_more_cores_than_the_machine_has_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="sweep.resources.cpu: each trial asks for 4096 CPUs"):
+        preflight(_params(sweep={"resources": {"cpu": 4096, "gpu": 0}}), tmp_path)
+
+
+def test_a_cluster_is_not_judged_by_this_machine(tmp_path: Path) -> None:
+    params = _params(sweep={"resources": {"cpu": 4096, "gpu": 8}, "ray_address": "127.0.0.1:1"})
+    preflight(params, tmp_path)  # the cluster (or its autoscaler) decides
+
+
+def test_storage_that_cannot_hold_the_ray_results_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "results").write_text("a file where a folder should be\n")
+    with pytest.raises(ValueError, match="sweep.storage_path: .*results exists and is not a directory"):
+        preflight(_params(sweep={"storage_path": "results/ray"}), tmp_path)
+    assert not (tmp_path / "mlflow.db").exists()  # refused before the tracking store was touched
+
+
+def test_a_tracking_server_that_does_not_answer_is_refused_in_seconds(tmp_path: Path) -> None:
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=f"tracking.uri: no MLflow server answers at {uri}/health"):
+        preflight(_params(tracking={"uri": uri}), tmp_path)
+    assert time.monotonic() - started < 10  # MLflow's own client would retry for minutes
+
+
+def test_the_dry_run_reports_the_problem_and_exits_2(tmp_path: Path, monkeypatch, caplog, capsys) -> None:
+    raw = _raw()
+    raw["sweep"]["resources"] = {"cpu": 4096, "gpu": 0}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with caplog.at_level(logging.ERROR):
+        assert tune_stage.main(["--dry-run"]) == 2
+    assert "variant" in capsys.readouterr().out  # the plan is still shown
+    assert "sweep.resources.cpu" in caplog.text
