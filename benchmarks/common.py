@@ -1,4 +1,5 @@
-"""What the speed benchmarks share: CIFAR-10-shaped synthetic data on the device and the reduced CPU model size.
+"""What the benchmarks share: CIFAR-10-shaped synthetic data on the device, the reduced CPU model size, and the
+command-line conventions (``python -m benchmarks.<name>`` usage lines, bad input as one clear error, exit code 2).
 
 Throughput does not depend on what the pixels show, so the speed benchmarks train on uniformly random uint8 images
 with random labels, held on the device exactly as the trainer holds a prepared dataset (``DeviceData``). Figures of
@@ -7,20 +8,32 @@ accuracy or loss never come from this data.
 
 from __future__ import annotations
 
+import argparse
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
 import torch
 
-from pipeline.datasets import CIFAR10_MEAN, CIFAR10_STD
-from pipeline.train import DeviceData
+if TYPE_CHECKING:
+    from pipeline.train import DeviceData
 
 # Paper-size models take ~1 s per step on a 2-core CPU; on the CPU the benchmarks shrink widths and depth (16x16
 # tokens stay, as in the paper) so that they finish in minutes and show only that they run.
 REDUCED_MODEL = {"hidden": 64, "layers": 2, "ffn": 128, "learned_dim": 64, "resnet_width": 16}
+
+# What bad input raises before any work: ConfigError (a ValueError) from load_params, ValueError from a library check
+# of a value, FileNotFoundError for a missing input file (stages/_cli.py treats the same ones the same way).
+BAD_INPUT: tuple[type[Exception], ...] = (FileNotFoundError, ValueError)
 
 
 def synthetic_device_data(
     device: torch.device, n_train: int, n_test: int, generator: torch.Generator, image_size: int = 32
 ) -> DeviceData:
     """Random CIFAR-10-shaped uint8 images and labels in [0, 10), on ``device``, with CIFAR-10's normalisation."""
+    from pipeline.datasets import CIFAR10_MEAN, CIFAR10_STD
+    from pipeline.train import DeviceData
 
     def images(n: int) -> torch.Tensor:
         shape = (n, 3, image_size, image_size)
@@ -31,3 +44,71 @@ def synthetic_device_data(
 
     stats = [torch.tensor(s, device=device).view(1, 3, 1, 1) for s in (CIFAR10_MEAN, CIFAR10_STD)]
     return DeviceData(images(n_train), labels(n_train), images(n_test), labels(n_test), *stats)
+
+
+# --- command line ------------------------------------------------------------------------------------------------
+
+
+def make_parser(name: str, description: str | None, **kwargs: object) -> argparse.ArgumentParser:
+    """A parser whose usage and error lines name the script as it is run: ``python -m benchmarks.<name>``."""
+    return argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description, **kwargs)
+
+
+@contextmanager
+def bad_input_is_a_usage_error(parser: argparse.ArgumentParser) -> Iterator[None]:
+    """Turn ``BAD_INPUT`` raised inside the block into ``parser.error``: usage, one ``<prog>: error: <message>``
+    line on stderr, exit code 2. Wrap only the checks and loading done before any work: a ValueError from the work
+    itself is a bug and keeps its traceback."""
+    try:
+        yield
+    except BAD_INPUT as err:
+        parser.error(str(err))
+
+
+def _number(text: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        expected = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1."""
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 0."""
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def probability(text: str) -> float:
+    """argparse ``type=``: a float in [0, 1), as ``model.attention_window_eps``."""
+    value = _number(text, float)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
+    return value
+
+
+def probabilities(text: str) -> tuple[float, ...]:
+    """argparse ``type=``: comma-separated floats, each in [0, 1)."""
+    return tuple(probability(item.strip()) for item in text.split(","))
+
+
+def check_range(parser: argparse.ArgumentParser, flag: str, bounds: tuple[float, float] | None) -> None:
+    """``parser.error`` unless ``bounds`` (LOW, HIGH) satisfy 0 < LOW <= HIGH, both finite; None passes."""
+    if bounds is None:
+        return
+    low, high = bounds
+    if not (0 < low <= high and math.isfinite(high)):
+        parser.error(f"{flag} LOW HIGH must satisfy 0 < LOW <= HIGH (both finite), got {low:g} {high:g}")

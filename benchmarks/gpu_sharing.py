@@ -43,7 +43,9 @@ class WorkerResult:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring.")
+    from benchmarks.common import make_parser
+
+    parser = make_parser("gpu_sharing", __doc__.split("\n\n")[0], epilog="See the module docstring.")
     parser.add_argument("--model", default="sa_quadratic_9", help="variant of the paper's sweep")
     parser.add_argument("--counts", default="1,2,4", help="numbers of processes sharing the device")
     parser.add_argument("--steps", type=int, default=100, help="timed training steps per process")
@@ -63,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--counts must be comma-separated integers, got {args.counts!r}")
     if min(args.counts) < 1 or args.steps < 1 or args.batch_size < 1:
         parser.error("--counts, --steps and --batch-size must be positive")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but no CUDA device is available")
     return args
 
 
@@ -147,9 +151,6 @@ def main(argv: list[str] | None = None) -> int:
                   "or --device cpu to check the script at reduced size).")  # fmt: skip
             return 0
         args.device = "cuda"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda, but no CUDA device is available")
-        return 1
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (REDUCED SIZE, 1 thread per worker)"
     print(f"device: {name}; model {args.model}, batch {args.batch_size}, {args.steps} timed steps per worker")
     print("workers warm up, then start together; aggregate = all images / (last finish - first start)")

@@ -24,6 +24,7 @@ from pipeline.local_ray import keep_local_ray_on_loopback
 
 keep_local_ray_on_loopback()  # before pipeline.sweep imports Ray
 
+from benchmarks.common import bad_input_is_a_usage_error, make_parser, positive_int  # noqa: E402
 from pipeline.config import load_params, parse_params  # noqa: E402
 from pipeline.datasets import prepare_dataset  # noqa: E402
 from pipeline.sweep import run_sweep  # noqa: E402
@@ -32,24 +33,37 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
-    parser.add_argument("--variants", nargs="+", default=["sa_quadratic_9", "resnet18"])
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=1, help="max concurrent trials (default: %(default)s)")
+    parser = make_parser("sweep_overhead", __doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--params", type=Path, default=ROOT / "params.yaml", help="params file to shrink (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["sa_quadratic_9", "resnet18"],
+        help="variants of the params file to sweep, one trial each (default: %(default)s)",
+    )
+    parser.add_argument("--epochs", type=positive_int, default=4, help="epochs per trial (default: %(default)s)")
+    parser.add_argument(
+        "--concurrency", type=positive_int, default=1, help="max concurrent trials (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
-    if args.epochs < 1 or args.concurrency < 1:
-        parser.error("--epochs and --concurrency must be at least 1")
     logging.basicConfig(level=logging.WARNING)
 
-    raw = load_params(args.params).model_dump(mode="json")
+    # Every check, and the data, before Ray starts: bad input ends in parser.error (exit code 2), not in a traceback.
+    with bad_input_is_a_usage_error(parser):
+        raw = load_params(args.params).model_dump(mode="json")
+    unknown = [name for name in args.variants if name not in raw["variants"]]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; defined in {args.params}: {sorted(raw['variants'])}")
     raw["train"]["epochs"] = args.epochs
     raw["sweep"].update(variants=args.variants, seeds=[0], max_concurrent_trials=args.concurrency, ray_address=None)
     raw["tracking"]["uri"] = None
-    params = parse_params(raw, "benchmark params")
+    with bad_input_is_a_usage_error(parser):
+        params = parse_params(raw, "benchmark params")
+        data = prepare_dataset(params.data, ROOT)
     with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as tmp:
         root = Path(tmp)
-        data = prepare_dataset(params.data, ROOT)
         import ray
 
         own_ray = not ray.is_initialized()

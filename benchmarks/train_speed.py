@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import bad_input_is_a_usage_error, make_parser, positive_int
 from pipeline.config import Params, load_params
 from pipeline.counting import count_parameters
 from pipeline.data import PreparedData
@@ -35,10 +37,10 @@ from pipeline.train import run_trial
 COLUMNS = ("model", "device", "precision", "params", "s/epoch", "images/s", "test_acc")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser("train_speed", __doc__.split("\n\n")[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: %(default)s)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per model (default: %(default)s)")
+    parser.add_argument("--epochs", type=positive_int, default=2, help="epochs per model (default: %(default)s)")
     parser.add_argument("--variants", nargs="+", help="variants to time (default: the params' sweep.variants)")
     parser.add_argument(
         "--devices",
@@ -46,13 +48,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["cpu", "cuda"],
         help="devices to time (default: cpu, plus cuda when present)",
     )
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own choice)")
+    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's own choice)")
     parser.add_argument("--verbose", action="store_true", help="log every epoch")
     parser.add_argument("--history", type=Path, metavar="DIR", help="write history.csv and curves.png there")
-    args = parser.parse_args(argv)
-    if args.epochs < 1:
-        parser.error("--epochs must be at least 1")
-    return args
+    return parser
+
+
+def check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Params:
+    """Everything the command line and the params file can get wrong, before any data is prepared or model trained;
+    a problem ends in ``parser.error`` (exit code 2). Creates the ``--history`` directory."""
+    with bad_input_is_a_usage_error(parser):
+        params = load_params(args.params)
+    unknown = [name for name in args.variants or [] if name not in params.variants]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; defined in {args.params}: {sorted(params.variants)}")
+    if args.devices and "cuda" in args.devices and not torch.cuda.is_available():
+        parser.error("--devices cuda, but no CUDA device is available")
+    if args.history is not None:
+        if args.history.exists() and not args.history.is_dir():  # up front, not after the whole run
+            parser.error(f"--history {args.history}: exists and is not a directory")
+        try:
+            args.history.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"--history {args.history}: cannot create the directory ({err.strerror})")
+        if not os.access(args.history, os.W_OK):
+            parser.error(f"--history {args.history}: directory is not writable")
+    return params
 
 
 def time_variant(
@@ -124,16 +145,16 @@ def format_table(rows: list[dict[str, str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    params = check_inputs(parser, args)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    params = load_params(args.params)
     variants = args.variants or params.sweep.variants
-    for name in variants:
-        params.model_for(name)  # fail on an unknown name before any training
     devices = args.devices or ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
-    data = prepare_dataset(params.data, args.params.resolve().parent)
+    with bad_input_is_a_usage_error(parser):  # a missing or unreadable dataset (data.cifar10_path)
+        data = prepare_dataset(params.data, args.params.resolve().parent)
     runs = [time_variant(params, name, device, args.epochs, data) for device in devices for name in variants]
     epochs_note = "median of epochs 2.." if args.epochs > 1 else "single epoch, includes warm-up"
     summary = (

@@ -27,7 +27,14 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.common import REDUCED_MODEL, synthetic_device_data
+from benchmarks.common import (
+    REDUCED_MODEL,
+    check_range,
+    make_parser,
+    positive_int,
+    probability,
+    synthetic_device_data,
+)
 from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
 from pipeline.device import synchronize
 from pipeline.models import build_model
@@ -63,25 +70,57 @@ class Row:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring.")
+    """Parsed and checked arguments: every problem ends in ``parser.error`` (exit code 2) before anything is measured.
+    Resolves ``args.device`` (auto: cuda or cpu), fills in the device-dependent defaults, and splits ``args.paths``
+    and ``args.models`` into lists."""
+    parser = make_parser("train_throughput", __doc__.split("\n\n")[0], epilog="See the module docstring.")
     parser.add_argument("--models", default=",".join(PAPER_VARIANTS), help="comma-separated variants (default: all)")
     parser.add_argument("--paths", default=None, help=f"comma-separated of {PATHS} (default: all; CPU: no compiled)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--batch-size", type=int, default=None, help="training batch (default: 100 GPU, 8 CPU)")
-    parser.add_argument("--eval-batch-size", type=int, default=None, help="default: 500 GPU, 32 CPU")
-    parser.add_argument("--steps", type=int, default=None, help="timed training steps (default: 50 GPU, 3 CPU)")
-    parser.add_argument("--eps", type=float, default=1e-4, help="attention_window_eps of the truncated path")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=None, help="training batch (default: 100 GPU, 8 CPU)"
+    )
+    parser.add_argument("--eval-batch-size", type=positive_int, default=None, help="default: 500 GPU, 32 CPU")
+    parser.add_argument(
+        "--steps", type=positive_int, default=None, help="timed training steps (default: 50 GPU, 3 CPU)"
+    )
+    parser.add_argument(
+        "--eps",
+        type=probability,
+        default=1e-4,
+        help="attention_window_eps of the truncated path, in [0, 1) (default: %(default)s)",
+    )
     parser.add_argument(
         "--head-alpha",
         type=float,
         nargs=2,
         default=None,
         metavar=("LOW", "HIGH"),
-        help="give Gaussian heads a trained-like shape (3x3 grid of centres, alpha log-uniform in [LOW, HIGH]) "
-        "before timing every path; default: the random initialisation",
+        help="give Gaussian heads a trained-like shape (3x3 grid of centres, alpha log-uniform in [LOW, HIGH], "
+        "0 < LOW <= HIGH) before timing every path; default: the random initialisation",
     )
     parser.add_argument("--full-size", action="store_true", help="paper-size models even on the CPU (slow)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_range(parser, "--head-alpha", args.head_alpha)
+    args.models = args.models.split(",")
+    unknown = [m for m in args.models if m not in PAPER_VARIANTS]
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; valid: {list(PAPER_VARIANTS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but no CUDA device is available")
+    on_gpu = args.device != "cpu" and torch.cuda.is_available()
+    args.device = "cuda" if on_gpu else "cpu"
+    args.paths = args.paths.split(",") if args.paths else [p for p in PATHS if on_gpu or p != "compiled"]
+    unknown = [p for p in args.paths if p not in PATHS]
+    if unknown:
+        parser.error(f"--paths: unknown {unknown}; valid: {list(PATHS)}")
+    if args.batch_size is None:
+        args.batch_size = 100 if on_gpu else 8
+    if args.eval_batch_size is None:
+        args.eval_batch_size = 500 if on_gpu else 32
+    if args.steps is None:
+        args.steps = 50 if on_gpu else 3
+    return args
 
 
 def measure(
@@ -169,20 +208,9 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda, but no CUDA device is available")
-        return 1
-    device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
+    device, paths = torch.device(args.device), args.paths
     on_gpu = device.type == "cuda"
     reduced = not on_gpu and not args.full_size
-    args.batch_size = args.batch_size or (100 if on_gpu else 8)
-    args.eval_batch_size = args.eval_batch_size or (500 if on_gpu else 32)
-    args.steps = args.steps or (50 if on_gpu else 3)
-    paths = args.paths.split(",") if args.paths else [p for p in PATHS if on_gpu or p != "compiled"]
-    unknown = [p for p in paths if p not in PATHS] + [m for m in args.models.split(",") if m not in PAPER_VARIANTS]
-    if unknown:
-        print(f"unknown paths/models {unknown}; paths: {PATHS}, models: {list(PAPER_VARIANTS)}")
-        return 1
 
     name = torch.cuda.get_device_name(device) if on_gpu else f"CPU, {torch.get_num_threads()} threads"
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -204,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
 
     rows = []
-    for model_name in args.models.split(","):
+    for model_name in args.models:
         model_cfg = PAPER_VARIANTS[model_name].apply(base)
         for path in paths:
             row = measure(model_name, path, model_cfg, args, device, peak)

@@ -23,26 +23,73 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import PAPER_VARIANTS, ModelConfig, load_params
+from benchmarks.common import (
+    bad_input_is_a_usage_error,
+    check_range,
+    make_parser,
+    non_negative_int,
+    positive_int,
+    probabilities,
+    probability,
+)
+from pipeline.config import PAPER_VARIANTS, ModelConfig, Params, load_params
 from pipeline.counting import count_flops
+from pipeline.data import PreparedData
 from pipeline.models import build_model
 from pipeline.models.local_attention import LocalMultiHeadSelfAttention, dense_flops, window_flops
 from pipeline.speed import set_gaussian_heads
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser (for errors found later, in the params file) and the checked arguments; ``args.eps`` is a tuple."""
+    parser = make_parser("truncation", __doc__.split("\n\n")[0])
     parser.add_argument("--model", default="sa_quadratic_9", choices=[n for n in PAPER_VARIANTS if "learned" not in n
                                                                        and n != "resnet18"])  # fmt: skip
-    parser.add_argument("--eps", default="1e-2,1e-3,1e-4,1e-6,1e-9", help="comma-separated eps values")
-    parser.add_argument("--alpha", type=float, nargs=2, default=(1.0, 10.0), metavar=("LOW", "HIGH"))
+    parser.add_argument(
+        "--eps",
+        type=probabilities,
+        default="1e-2,1e-3,1e-4,1e-6,1e-9",
+        help="comma-separated eps values, each in [0, 1) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        nargs=2,
+        default=(1.0, 10.0),
+        metavar=("LOW", "HIGH"),
+        help="Gaussian heads' alpha, log-uniform in [LOW, HIGH], 0 < LOW <= HIGH (default: 1 10)",
+    )
     parser.add_argument("--jitter", type=float, default=0.1, help="std of the centres around the 3x3 grid")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--train-epochs", type=int, default=0, help="also train exact vs truncated (part 2)")
-    parser.add_argument("--train-eps", type=float, default=1e-4)
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=4, help="images of the error table (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--train-epochs",
+        type=non_negative_int,
+        default=0,
+        metavar="E",
+        help="also train exact vs truncated for E epochs (part 2; default: %(default)s, part 1 only)",
+    )
+    parser.add_argument(
+        "--train-eps",
+        type=probability,
+        default=1e-4,
+        help="attention_window_eps of the truncated model of part 2, in [0, 1) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--params",
+        type=Path,
+        default=Path("params.yaml"),
+        help="params file of part 2: dataset, model sizes, training (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="device of both parts (default: %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    check_range(parser, "--alpha", args.alpha)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but no CUDA device is available")
+    return parser, args
 
 
 def _heads_outputs(model: torch.nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, list, list]:
@@ -77,7 +124,7 @@ def error_table(args: argparse.Namespace, device: torch.device) -> None:
     )
     print(header)
     print("-" * len(header))
-    for eps in (float(e) for e in args.eps.split(",")):
+    for eps in args.eps:
         local = build_model(cfg.model_copy(update={"attention_window_eps": eps})).to(device).eval()
         local.load_state_dict(dense.state_dict())
         out, inputs, heads = _heads_outputs(local, images)
@@ -106,12 +153,23 @@ def error_table(args: argparse.Namespace, device: torch.device) -> None:
     print("max head err/max|x| <= eps (+ float32 rounding) is the guarantee; kept probabilities are not renormalised.")
 
 
-def accuracy_run(args: argparse.Namespace) -> None:
+def training_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Params, PreparedData]:
+    """Part 2's params and prepared dataset, loaded before part 1 runs: a bad --params file, an unknown variant or a
+    missing dataset ends in ``parser.error`` (exit code 2) before anything is computed."""
     from pipeline.datasets import prepare_dataset
+
+    with bad_input_is_a_usage_error(parser):
+        params = load_params(args.params)
+    if args.model not in params.variants:
+        parser.error(f"--model {args.model!r} is not a variant of {args.params}; defined: {sorted(params.variants)}")
+    with bad_input_is_a_usage_error(parser):
+        data = prepare_dataset(params.data, args.params.resolve().parent)
+    return params, data
+
+
+def accuracy_run(args: argparse.Namespace, params: Params, data: PreparedData) -> None:
     from pipeline.train import run_trial
 
-    params = load_params(args.params)
-    data = prepare_dataset(params.data, args.params.resolve().parent)
     train_cfg = params.train.model_copy(update={"epochs": args.train_epochs, "device": args.device})
     print(f"\ntraining {args.model} on {params.data.dataset} ({args.params}, model section's sizes), "
           f"{args.train_epochs} epochs, seed {train_cfg.seed}")  # fmt: skip
@@ -125,13 +183,11 @@ def accuracy_run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda, but no CUDA device is available")
-        return 1
+    parser, args = parse_args(argv)
+    training = training_inputs(parser, args) if args.train_epochs else None
     error_table(args, torch.device(args.device))
-    if args.train_epochs:
-        accuracy_run(args)
+    if training is not None:
+        accuracy_run(args, *training)
     return 0
 
 

@@ -6,6 +6,7 @@ the CPU. They check the tables' content (rows, finite positive rates, FLOPs save
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from pathlib import Path
@@ -15,6 +16,18 @@ import yaml
 
 from benchmarks import gpu_sharing, train_speed, train_throughput, truncation
 from benchmarks.gpu_sharing import WorkerResult, aggregate_images_per_s
+
+PARAMS = str(Path(__file__).resolve().parents[2] / "params.yaml")
+BENCHMARKS = ("train_speed", "train_throughput", "truncation", "sweep_overhead", "gpu_sharing")
+# The first expensive call of each script: bad input must be refused before it.
+FIRST_WORK = {
+    "train_speed": "prepare_dataset",
+    "train_throughput": "matmul_peak_flops",
+    "truncation": "error_table",
+    "sweep_overhead": "prepare_dataset",
+    "gpu_sharing": "run",
+}
+_no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
 
 def _table(text: str, header_start: str) -> list[list[str]]:
@@ -51,11 +64,6 @@ def test_train_throughput_prints_every_model_and_path(capsys: pytest.CaptureFixt
             assert math.isfinite(_number(value)) and _number(value) > 0
     # trained-like heads: the truncated path executes fewer FLOPs than the dense one
     assert _number(rows["sa_quadratic_9", "truncated"][7]) < _number(rows["sa_quadratic_9", "plain"][7])
-
-
-def test_train_throughput_rejects_unknown_models(capsys: pytest.CaptureFixture[str]) -> None:
-    assert train_throughput.main(["--device", "cpu", "--models", "sa_nope"]) == 1
-    assert "sa_nope" in capsys.readouterr().out
 
 
 def test_truncation_reports_savings_within_the_bound(capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,3 +123,75 @@ def test_train_speed_writes_history_and_curves(tmp_path: Path, capsys: pytest.Ca
     image = matplotlib.image.imread(out_dir / "curves.png")
     assert image.shape[0] > 300 and image.shape[1] > 800
     assert image[..., :3].std() > 0.05  # something is drawn, not a blank canvas
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(f"benchmarks.{name}").main(["--help"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m benchmarks.{name} ")
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "named"),
+    [
+        ("train_speed", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
+        ("train_speed", ["--params", "{typo}"], "train.epoch: unknown key"),
+        ("train_speed", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nons"),
+        ("train_speed", ["--threads", "0"], "--threads"),
+        ("train_speed", ["--threads", "-2"], "--threads"),
+        ("train_speed", ["--epochs", "0"], "--epochs"),
+        ("train_speed", ["--params", PARAMS, "--history", "{file}"], "--history"),
+        pytest.param("train_speed", ["--params", PARAMS, "--devices", "cuda"], "--devices cuda", marks=_no_cuda),
+        ("train_throughput", ["--steps", "0"], "--steps"),
+        ("train_throughput", ["--batch-size", "0"], "--batch-size"),
+        ("train_throughput", ["--eval-batch-size", "-3"], "--eval-batch-size"),
+        ("train_throughput", ["--eps", "1"], "--eps"),
+        ("train_throughput", ["--eps", "-1e-4"], "--eps"),
+        ("train_throughput", ["--head-alpha", "10", "1"], "--head-alpha"),
+        ("train_throughput", ["--head-alpha", "0", "1"], "--head-alpha"),
+        ("train_throughput", ["--device", "cpu", "--paths", "plain,fast"], "--paths: unknown ['fast']"),
+        ("train_throughput", ["--device", "cpu", "--models", "sa_nope"], "--models: unknown ['sa_nope']"),
+        pytest.param("train_throughput", ["--device", "cuda"], "--device cuda", marks=_no_cuda),
+        ("truncation", ["--eps", "1e-2,abc"], "--eps"),
+        ("truncation", ["--eps", "1e-2,1.5"], "--eps"),
+        ("truncation", ["--alpha", "10", "1"], "--alpha"),
+        ("truncation", ["--batch-size", "0"], "--batch-size"),
+        ("truncation", ["--train-epochs", "-1"], "--train-epochs"),
+        ("truncation", ["--train-eps", "1"], "--train-eps"),
+        ("truncation", ["--train-epochs", "1", "--params", "missing.yaml"], "missing.yaml: params file not found"),
+        ("truncation", ["--train-epochs", "1", "--params", "{typo}"], "train.epoch: unknown key"),
+        ("sweep_overhead", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
+        ("sweep_overhead", ["--variants", "nonsense"], "--variants: unknown ['nonsense']"),
+        ("sweep_overhead", ["--epochs", "0"], "--epochs"),
+        ("gpu_sharing", ["--counts", "1,0"], "--counts"),
+    ],
+)
+def test_bad_input_is_refused_before_any_work(
+    name: str,
+    argv: list[str],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Exit code 2 (argparse's parser.error) with one error line naming the flag or key, and nothing measured."""
+    module = importlib.import_module(f"benchmarks.{name}")
+
+    def work(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{name} started {FIRST_WORK[name]} on bad input")
+
+    monkeypatch.setattr(module, FIRST_WORK[name], work)
+    (tmp_path / "typo.yaml").write_text("train:\n  epoch: 3\n")
+    (tmp_path / "file").write_text("kept")
+    argv = [arg.format(typo=tmp_path / "typo.yaml", file=tmp_path / "file") for arg in argv]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        module.main(argv)
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # nothing printed, e.g. no part 1 of truncation
+    assert f"python -m benchmarks.{name}: error: " in err and named in err, err
+    assert "Traceback" not in err
+    assert (tmp_path / "file").read_text() == "kept"
