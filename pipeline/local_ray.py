@@ -28,19 +28,23 @@ def ray_address(sweep: SweepConfig) -> str | None:
     return sweep.ray_address or os.environ.get("RAY_ADDRESS") or None
 
 
-def check_fits_locally(sweep: SweepConfig) -> None:
-    """A local Ray has this machine's cores and GPUs and nothing else: a trial asking for more would wait forever
-    (Ray only logs that it cannot schedule it, in case an autoscaler adds nodes). Raise before anything starts."""
+def local_capacity() -> tuple[int, int]:
+    """CPU cores this process may use and CUDA devices it sees: what a local Ray would offer."""
     import torch  # the driver has it anyway; imported here so that --help stays fast
 
-    cores, gpus = len(os.sched_getaffinity(0)), torch.cuda.device_count()
+    return len(os.sched_getaffinity(0)), torch.cuda.device_count()
+
+
+def check_fits(sweep: SweepConfig, cores: float, gpus: float, where: str) -> None:
+    """Raise naming the key when one trial asks for more than ``where`` has: Ray would wait forever (it only logs
+    that it cannot schedule the trial, in case an autoscaler adds nodes)."""
     wanted = sweep.resources
     if wanted.cpu > cores:
-        raise ValueError(f"sweep.resources.cpu: each trial asks for {wanted.cpu:g} CPUs, this machine has {cores}")
+        raise ValueError(f"sweep.resources.cpu: each trial asks for {wanted.cpu:g} CPUs, {where} has {cores:g}")
     if wanted.gpu > gpus:
         raise ValueError(
-            f"sweep.resources.gpu: each trial asks for {wanted.gpu:g} GPU(s), this machine has {gpus} "
-            "(a local Ray; set sweep.ray_address to run on a cluster)"
+            f"sweep.resources.gpu: each trial asks for {wanted.gpu:g} GPU(s), {where} has {gpus:g} "
+            "(set sweep.ray_address to run on a cluster)"
         )
 
 

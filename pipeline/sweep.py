@@ -37,7 +37,7 @@ from ray.tune.search import BasicVariantGenerator
 from pipeline import tracking
 from pipeline.config import Params, params_hash, parse_params
 from pipeline.data import PreparedData, content_hash
-from pipeline.local_ray import check_fits_locally, ray_address
+from pipeline.local_ray import check_fits, local_capacity, ray_address
 from pipeline.paths import check_creatable_dir
 from pipeline.train import HEAD_HISTORY_FILE
 from pipeline.trainable import train_trial
@@ -101,8 +101,11 @@ def preflight(params: Params, project_root: Path) -> None:
     """What would otherwise fail only after Ray has started and the MLflow parent run exists, checked first and
     reported naming the key: a local machine too small for one trial, storage that cannot hold the Ray results,
     a tracking server that does not answer."""
-    if ray_address(params.sweep) is None and not ray.is_initialized():
-        check_fits_locally(params.sweep)
+    if ray.is_initialized():  # ray_session will use this Ray as it is
+        available = ray.cluster_resources()
+        check_fits(params.sweep, available.get("CPU", 0), available.get("GPU", 0), "the running Ray")
+    elif ray_address(params.sweep) is None:  # a cluster (or its autoscaler) decides for itself
+        check_fits(params.sweep, *local_capacity(), "this machine (a local Ray)")
     try:
         check_creatable_dir(storage_dir(params, project_root))
     except ValueError as err:

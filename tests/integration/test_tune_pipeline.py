@@ -203,6 +203,16 @@ def test_asha_stops_weak_trials_early_and_says_so(swept: dict, project: Project)
     assert set(metrics) == {t["variant"] for t in manifest["trials"]}
 
 
+def test_a_trial_larger_than_the_running_ray_is_refused(ray_address: str, tmp_path: Path) -> None:
+    from pipeline.config import parse_params
+    from pipeline.sweep import preflight
+
+    raw = load_params(Path(__file__).resolve().parents[2] / "params.yaml").model_dump(mode="json")
+    raw["sweep"]["resources"] = {"cpu": 3, "gpu": 0}  # the session's Ray has 2 CPUs
+    with pytest.raises(ValueError, match="sweep.resources.cpu: each trial asks for 3 CPUs, the running Ray has 2"):
+        preflight(parse_params(raw), tmp_path)
+
+
 def test_local_ray_talks_over_loopback_only(ray_address: str) -> None:
     import ray
 
