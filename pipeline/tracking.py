@@ -244,6 +244,7 @@ class MlflowTrialCallback(Callback):
         self.runs: dict[str, str] = {}  # trial_id -> run_id: the state that survives restore
         self.last_epoch: dict[str, int] = {}
         self._seen_tags: dict[str, dict[str, str]] = {}
+        self._logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
         self._client: CountingClient | None = None
         self.epochs_logged = 0
 
@@ -273,6 +274,10 @@ class MlflowTrialCallback(Callback):
         if run_id is not None:  # a retry or a restored sweep: continue the trial's own run
             self.client.update_run(run_id, status="RUNNING")
             self.client.set_tag(run_id, "tune.status", "running")
+            # Tune resumes from its last saved state, which can lag behind what was logged (Ctrl-C between a report
+            # and the next snapshot): epochs already in the run are trained again but not logged twice.
+            history = self.client.get_metric_history(run_id, EPOCH_METRICS[0])
+            self._logged_through[trial.trial_id] = max((m.step for m in history), default=0)
             log.info("MLflow: trial %s continues run %s", trial.trial_id, run_id)
             return
         described = self.describe(trial.config)
@@ -293,6 +298,10 @@ class MlflowTrialCallback(Callback):
         if run_id is None or "epoch" not in result:
             return
         epoch = int(result["epoch"])
+        self.last_epoch[trial.trial_id] = epoch
+        if epoch <= self._logged_through.get(trial.trial_id, 0):
+            log.info("MLflow: trial %s epoch %d is already in run %s; not logged again", trial.trial_id, epoch, run_id)
+            return
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(result[k]), now, epoch) for k in EPOCH_METRICS if k in result]
         where = {k: str(v) for k, v in (result.get(TRIAL_TAGS_KEY) or {}).items()}
@@ -300,7 +309,6 @@ class MlflowTrialCallback(Callback):
         self._seen_tags[trial.trial_id] = where
         self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in new_tags.items()])
         self.epochs_logged += 1
-        self.last_epoch[trial.trial_id] = epoch
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.runs.get(trial.trial_id)

@@ -39,3 +39,48 @@ def test_trial_outcome_is_the_callbacks_label(client, run_status: str, label: st
 
 def test_a_trial_without_a_run_was_interrupted() -> None:
     assert tracking.trial_outcome(None) == tracking.INTERRUPTED
+
+
+class _Trial:
+    """The attributes of a Tune trial the callback reads."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id, self.config, self.checkpoint, self.num_failures = trial_id, {"variant": "x"}, None, 0
+
+    def __str__(self) -> str:
+        return f"trial_{self.trial_id}"
+
+
+def _describe(config: dict) -> tracking.TrialInfo:
+    return tracking.TrialInfo(f"{config['variant']}-run", {"variant": config["variant"]}, {})
+
+
+def _report(callback: tracking.MlflowTrialCallback, trial: _Trial, epoch: int) -> None:
+    result = {key: 0.5 for key in tracking.EPOCH_METRICS} | {"epoch": epoch}
+    callback.on_trial_result(iteration=epoch, trials=[trial], trial=trial, result=result)
+
+
+def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
+    """Tune restores from its last snapshot, which can lag behind the last report (Ctrl-C in between): the epoch
+    trained again after the restore is already in the run and must not be logged a second time."""
+    mlflow, experiment_id = client
+    parent = mlflow.create_run(experiment_id).info.run_id
+    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, parent)
+    trial = _Trial("t1")
+    first = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    first.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    for epoch in (1, 2):
+        _report(first, trial, epoch)
+    snapshot = {"runs": dict(first.runs), "last_epoch": {"t1": 1}}  # Tune saved its state after epoch 1 only
+
+    restored = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    restored.set_state(snapshot)
+    restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    for epoch in (2, 3, 4):  # the trial resumes from epoch 1's checkpoint
+        _report(restored, trial, epoch)
+    restored.on_trial_complete(iteration=4, trials=[trial], trial=trial)
+
+    run = mlflow.get_run(first.runs["t1"])
+    steps = [m.step for m in mlflow.get_metric_history(run.info.run_id, "test_acc")]
+    assert sorted(steps) == [1, 2, 3, 4]
+    assert run.data.tags["tune.status"] == "finished" and run.info.status == "FINISHED"
