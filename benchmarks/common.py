@@ -92,6 +92,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """argparse ``type=``: a finite float >= 0."""
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text!r}")
+    return value
+
+
 def probability(text: str) -> float:
     """argparse ``type=``: a float in [0, 1), as ``model.attention_window_eps``."""
     value = _number(text, float)

@@ -27,7 +27,7 @@ keep_local_ray_on_loopback()  # before pipeline.sweep imports Ray
 from benchmarks.common import bad_input_is_a_usage_error, make_parser, positive_int  # noqa: E402
 from pipeline.config import load_params, parse_params  # noqa: E402
 from pipeline.datasets import prepare_dataset  # noqa: E402
-from pipeline.sweep import run_sweep  # noqa: E402
+from pipeline.sweep import preflight, run_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     raw["tracking"]["uri"] = None
     with bad_input_is_a_usage_error(parser):
         params = parse_params(raw, "benchmark params")
+        preflight(params, ROOT)  # resources, storage, tracking: what the sweep would otherwise find after Ray starts
         data = prepare_dataset(params.data, ROOT)
     with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as tmp:
         root = Path(tmp)

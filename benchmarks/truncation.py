@@ -27,6 +27,7 @@ from benchmarks.common import (
     bad_input_is_a_usage_error,
     check_range,
     make_parser,
+    non_negative_float,
     non_negative_int,
     positive_int,
     probabilities,
@@ -59,7 +60,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
         metavar=("LOW", "HIGH"),
         help="Gaussian heads' alpha, log-uniform in [LOW, HIGH], 0 < LOW <= HIGH (default: 1 10)",
     )
-    parser.add_argument("--jitter", type=float, default=0.1, help="std of the centres around the 3x3 grid")
+    parser.add_argument("--jitter", type=non_negative_float, default=0.1,
+                        help="std of the centres around the 3x3 grid, >= 0 (default: %(default)s)")  # fmt: skip
     parser.add_argument(
         "--batch-size", type=positive_int, default=4, help="images of the error table (default: %(default)s)"
     )

@@ -26,9 +26,10 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    """Frozen, strict about unknown keys and types: a typo in params.yaml must fail, not become a default."""
+    """Frozen, strict about unknown keys and types: a typo in params.yaml must fail, not become a default.
+    Infinite numbers (YAML's ``.inf``, or ``1e400``) are refused too: every trial would diverge."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class DataConfig(_Section):
@@ -156,7 +157,7 @@ class SweepConfig(_Section):
     # None: RAY_ADDRESS if set, else a local Ray. "auto" or "host:port": attach to that cluster.
     ray_address: str | None = None
     # Ray results (checkpoints to restore from); relative paths resolve against the project root.
-    storage_path: str = "results/ray"
+    storage_path: Annotated[str, Field(min_length=1)] = "results/ray"
     # Tests only: each trial raises once, right after reporting this epoch, on its first attempt (not when resumed
     # from a checkpoint), to exercise retries. Part of the trial config and of its MLflow params, never a hidden switch.
     fail_once_after_epoch: PositiveInt | None = None
@@ -175,7 +176,14 @@ class TrackingConfig(_Section):
     """MLflow. ``uri`` None means an sqlite store at ``<project>/mlflow.db`` (never ``file:`` / ``./mlruns``)."""
 
     uri: str | None = None
-    experiment: Annotated[str, Field(min_length=1)] = "attention-cnn"
+    experiment: str = "attention-cnn"
+
+    @field_validator("experiment")
+    @classmethod
+    def _named(cls, name: str) -> str:
+        if not name.strip():
+            raise ValueError("the experiment needs a name (it is blank)")
+        return name
 
     @field_validator("uri")
     @classmethod

@@ -87,7 +87,7 @@ def check_output_dir(out_dir: Path) -> None:
     Replacing swaps the whole directory, so anything else there (the project itself for ``.``, a source folder,
     the CIFAR-10 archive) would be deleted: call this before any expensive work.
     """
-    out_dir = Path(out_dir).absolute()
+    out_dir = Path(os.path.abspath(out_dir))  # lexically: "missing/../pipeline" is pipeline, checked as such
     if out_dir.exists() or out_dir.is_symlink():
         if not out_dir.is_dir() or out_dir.is_symlink():
             raise ValueError(f"{out_dir} exists and is not a directory; refusing to replace it")
@@ -117,7 +117,7 @@ def save_prepared(data: PreparedData, out_dir: Path, provenance: dict | None = N
     the dataset and split seed to the manifest. Returns the manifest. Refuses (``check_output_dir``) to replace
     anything that is not a prepared dataset.
     """
-    out_dir = Path(out_dir)
+    out_dir = Path(os.path.abspath(out_dir))  # the directory that was checked is the one that is replaced
     check_output_dir(out_dir)
     manifest = build_manifest(data, provenance)
     if _same_output(out_dir, manifest):

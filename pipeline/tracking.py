@@ -14,6 +14,7 @@ Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_inter
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import subprocess
@@ -95,7 +96,7 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
             if reply.status == 200:
                 return
             problem = f"HTTP {reply.status}"
-    except (OSError, ValueError) as err:  # refused, timed out, DNS, a 4xx/5xx (HTTPError is an OSError)
+    except (OSError, ValueError, http.client.HTTPException) as err:  # refused, timeout, DNS, 4xx/5xx, a bad URL
         problem = str(err)
     raise ValueError(f"tracking.uri: no MLflow server answers at {uri}/health ({problem}); start one or fix the URI")
 

@@ -158,6 +158,9 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("truncation", ["--eps", "1e-2,1.5"], "--eps"),
         ("truncation", ["--alpha", "10", "1"], "--alpha"),
         ("truncation", ["--batch-size", "0"], "--batch-size"),
+        ("truncation", ["--jitter", "nan"], "--jitter"),
+        ("truncation", ["--jitter", "-1"], "--jitter"),
+        ("sweep_overhead", ["--params", "{gpu}", "--variants", "resnet18"], "sweep.resources.cpu: each trial asks"),
         ("truncation", ["--train-epochs", "-1"], "--train-epochs"),
         ("truncation", ["--train-eps", "1"], "--train-eps"),
         ("truncation", ["--train-epochs", "1", "--params", "missing.yaml"], "missing.yaml: params file not found"),
@@ -184,8 +187,9 @@ def test_bad_input_is_refused_before_any_work(
 
     monkeypatch.setattr(module, FIRST_WORK[name], work)
     (tmp_path / "typo.yaml").write_text("train:\n  epoch: 3\n")
+    (tmp_path / "big.yaml").write_text("sweep:\n  resources: {cpu: 4096, gpu: 0}\n")
     (tmp_path / "file").write_text("kept")
-    argv = [arg.format(typo=tmp_path / "typo.yaml", file=tmp_path / "file") for arg in argv]
+    argv = [arg.format(typo=tmp_path / "typo.yaml", file=tmp_path / "file", gpu=tmp_path / "big.yaml") for arg in argv]
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_:
         module.main(argv)

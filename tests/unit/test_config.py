@@ -63,7 +63,11 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
             "more than train.epochs (4)",
         ),
         ({"tracking": {"uri": "foo://bar"}}, "tracking.uri", "unsupported scheme 'foo'"),
-        ({"tracking": {"experiment": ""}}, "tracking.experiment", "at least 1 character"),
+        ({"tracking": {"experiment": ""}}, "tracking.experiment", "it is blank"),
+        ({"tracking": {"experiment": "   "}}, "tracking.experiment", "it is blank"),
+        ({"train": {"lr": 1e400}}, "train.lr", "finite number"),
+        ({"model": {"centre_init_std": float("inf")}}, "model.centre_init_std", "finite number"),
+        ({"sweep": {"storage_path": ""}}, "sweep.storage_path", "at least 1 character"),
     ],
 )
 def test_bad_values_name_the_file_and_key(raw: dict, key: str, message: str) -> None:

@@ -263,6 +263,8 @@ def test_stage_bad_params_exit_2_naming_the_key(tmp_path, monkeypatch, caplog, d
         ("src", "not a prepared dataset"),  # a folder with someone's files
         ("notes.txt", "not a directory"),
         ("notes.txt/prepared", "notes.txt exists and is not a directory"),
+        ("missing/../src", "not a prepared dataset"),  # checked as the folder it names, not as written
+        ("/proc/prepared", "cannot write in /proc"),  # permission bits say yes to root; writing says no
     ],
 )
 def test_stage_never_replaces_what_is_not_a_prepared_dataset(tmp_path, monkeypatch, caplog, prepared_dir, message):
@@ -278,7 +280,7 @@ def test_stage_never_replaces_what_is_not_a_prepared_dataset(tmp_path, monkeypat
         assert prepare_stage.main(["--params", str(params)]) == 2
     assert "data.prepared_dir" in caplog.text and message in caplog.text
     assert "preparing digits" not in caplog.text  # refused before any work
-    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing created either
     assert (tmp_path / "src" / "code.py").read_text() == "keep me\n"
 
 

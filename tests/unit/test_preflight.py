@@ -64,6 +64,16 @@ def test_storage_that_cannot_hold_the_ray_results_is_refused(tmp_path: Path) -> 
     assert not (tmp_path / "mlflow.db").exists()  # refused before the tracking store was touched
 
 
+def test_storage_on_a_file_system_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="sweep.storage_path: cannot write in /proc"):
+        preflight(_params(sweep={"storage_path": "/proc/ray"}), tmp_path)
+
+
+def test_a_malformed_tracking_url_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tracking.uri: no MLflow server answers"):
+        preflight(_params(tracking={"uri": f"http://127.0.0.1:{_closed_port()}/ x"}), tmp_path)
+
+
 def test_a_tracking_server_that_does_not_answer_is_refused_in_seconds(tmp_path: Path) -> None:
     uri = f"http://127.0.0.1:{_closed_port()}"
     started = time.monotonic()
