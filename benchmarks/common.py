@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,28 @@ def synthetic_device_data(
     return DeviceData(images(n_train), labels(n_train), images(n_test), labels(n_test), *stats)
 
 
+# --- progress -----------------------------------------------------------------------------------------------------
+
+
+def progress(message: str) -> None:
+    """Long work says what it is doing, on stderr, so that stdout holds only the tables."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def epoch_reporter(label: str, epochs: int, history: list[dict[str, float]] | None = None) -> Callable:
+    """A ``run_trial`` reporter that prints one progress line per epoch (and keeps the metrics in ``history``)."""
+
+    def report(metrics: dict[str, float], checkpoint_dir: object) -> None:
+        if history is not None:
+            history.append(metrics)
+        progress(
+            f"  {label}: epoch {metrics['epoch']}/{epochs}  train loss {metrics['train_loss']:.4f}  "
+            f"test acc {metrics['test_acc']:.4f}  {metrics['epoch_time_s']:.1f} s"
+        )
+
+    return report
+
+
 # --- command line ------------------------------------------------------------------------------------------------
 
 
@@ -76,28 +99,21 @@ def _number(text: str, kind: type[int] | type[float]) -> int | float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type=``: an integer >= 1."""
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(kind: type[int] | type[float], minimum: int, doc: str) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        value = _number(text, kind)
+        if value < minimum:
+            shown = value if kind is int else repr(text)
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {shown}")
+        return value
+
+    parse.__doc__ = f"argparse ``type=``: {doc}."
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    """argparse ``type=``: an integer >= 0."""
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """argparse ``type=``: a finite float >= 0."""
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {text!r}")
-    return value
+positive_int = _at_least(int, 1, "an integer >= 1")
+non_negative_int = _at_least(int, 0, "an integer >= 0")
+non_negative_float = _at_least(float, 0, "a finite float >= 0")
 
 
 def probability(text: str) -> float:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import bad_input_is_a_usage_error, make_parser, positive_int
+from benchmarks.common import bad_input_is_a_usage_error, epoch_reporter, make_parser, positive_int, progress
 from pipeline.config import Params, load_params
 from pipeline.counting import count_parameters
 from pipeline.data import PreparedData
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="devices to time (default: cpu, plus cuda when present)",
     )
     parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's own choice)")
-    parser.add_argument("--verbose", action="store_true", help="log every epoch")
+    parser.add_argument("--verbose", action="store_true", help="also the trainer's own log (device, compile time)")
     parser.add_argument("--history", type=Path, metavar="DIR", help="write history.csv and curves.png there")
     return parser
 
@@ -83,7 +83,8 @@ def time_variant(
     model_cfg = params.model_for(variant)
     train_cfg = params.train.model_copy(update={"epochs": epochs, "device": device})
     history: list[dict[str, float]] = []
-    final = run_trial(model_cfg, train_cfg, data, lambda metrics, _: history.append(metrics))
+    progress(f"training {variant} on {device}, {epochs} epochs")
+    final = run_trial(model_cfg, train_cfg, data, epoch_reporter(variant, epochs, history))
     steady = history[1:] or history  # the first epoch pays one-off costs
     seconds = statistics.median(m["epoch_time_s"] for m in steady)
     channels, size, _ = data.image_shape

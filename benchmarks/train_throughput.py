@@ -33,6 +33,7 @@ from benchmarks.common import (
     make_parser,
     positive_int,
     probability,
+    progress,
     synthetic_device_data,
 )
 from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     for model_name in args.models:
         model_cfg = PAPER_VARIANTS[model_name].apply(base)
         for path in paths:
+            progress(f"measuring {model_name} / {path} ...")
             row = measure(model_name, path, model_cfg, args, device, peak)
             if row is not None:
                 rows.append(row)

@@ -26,6 +26,7 @@ import torch
 from benchmarks.common import (
     bad_input_is_a_usage_error,
     check_range,
+    epoch_reporter,
     make_parser,
     non_negative_float,
     non_negative_int,
@@ -178,8 +179,8 @@ def accuracy_run(args: argparse.Namespace, params: Params, data: PreparedData) -
     for eps in (None, args.train_eps):
         cfg = params.model_for(args.model).model_copy(update={"attention_window_eps": eps})
         started = time.perf_counter()
-        final = run_trial(cfg, train_cfg, data, lambda metrics, checkpoint: None)
         label = "exact" if eps is None else f"eps {eps:.0e}"
+        final = run_trial(cfg, train_cfg, data, epoch_reporter(label, args.train_epochs))
         print(f"  {label:<10} test acc {final['test_acc']:.4f}  test loss {final['test_loss']:.4f}  "
               f"({time.perf_counter() - started:.0f} s)")  # fmt: skip
 
