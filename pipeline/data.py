@@ -25,6 +25,7 @@ from pipeline.paths import check_creatable_dir
 log = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 1
+REBUILD_HINT = "re-create it with `dvc repro prepare` (or `python -m stages.prepare`)"
 _TENSOR_FIELDS = ("train_images", "train_labels", "test_images", "test_labels")
 
 
@@ -170,7 +171,7 @@ def _swap_into_place(new: Path, out_dir: Path) -> None:
 def load_prepared(out_dir: Path) -> PreparedData:
     """Read what save_prepared wrote; missing files, unreadable tensors or a hash mismatch raise clearly."""
     out_dir = Path(out_dir)
-    hint = "re-create it with `dvc repro prepare` (or `python -m stages.prepare`)"
+    hint = REBUILD_HINT
     manifest_path = out_dir / "manifest.json"
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path}: no prepared dataset here; {hint}")
@@ -203,7 +204,7 @@ def load_prepared(out_dir: Path) -> PreparedData:
 
 def _load_split(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; re-create it with `dvc repro prepare`")
+        raise FileNotFoundError(f"{path}: missing; {REBUILD_HINT}")
     try:
         tensors = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError... for a damaged file

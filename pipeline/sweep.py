@@ -119,14 +119,15 @@ def describe_plan(params: Params, project_root: Path) -> str:
     data_hash = prepared_data_hash(params, project_root)
     path = storage_dir(params, project_root) / experiment_name(params, data_hash or "missing")
     address = ray_address(params.sweep)
+    grid = trial_grid(params)
     lines = [f"{'variant':<20} {'seed':>4} {'cpu':>5} {'gpu':>5}"]
-    lines += [f"{t['variant']:<20} {t['seed']:>4} {t['cpu']:>5g} {t['gpu']:>5g}" for t in trial_grid(params)]
+    lines += [f"{t['variant']:<20} {t['seed']:>4} {t['cpu']:>5g} {t['gpu']:>5g}" for t in grid]
     asha = params.sweep.asha
     scheduler = f"ASHA (grace {asha.grace_period}, reduction {asha.reduction_factor})" if asha.enabled else "none"
     state = "would RESTORE the interrupted sweep" if tune.Tuner.can_restore(str(path)) else "new"
     lines += [
         "",
-        f"trials: {len(trial_grid(params))}, {params.train.epochs} epochs each, "
+        f"trials: {len(grid)}, {params.train.epochs} epochs each, "
         f"at most {params.sweep.max_concurrent_trials} at a time, {params.sweep.max_failures} retries each",
         f"scheduler: {scheduler}, on {METRIC} ({MODE})",
         f"ray: {'attach to the cluster at ' + address if address else 'start a local Ray on this machine'}",
@@ -246,14 +247,16 @@ class SweepOutcome:
         }  # fmt: skip
 
 
-def _tuner(params: Params, data: PreparedData, path: Path, callback: tracking.MlflowTrialCallback) -> tune.Tuner:
+def _tuner(
+    params: Params, data: PreparedData, path: Path, callback: tracking.MlflowTrialCallback, *, restore: bool
+) -> tune.Tuner:
     # Checkpointing every epoch with num_to_keep forces a state snapshot every few reports; each takes milliseconds
     # here, but short epochs make Tune warn on every one. Only that warning is switched off (user's value wins).
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")
     trainable = tune.with_resources(tune.with_parameters(train_trial, data=data, params_json=params_json), resources)
-    if tune.Tuner.can_restore(str(path)):
+    if restore:
         log.info("ray: restoring the interrupted sweep at %s", path)
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
         # Tune brings back the callbacks pickled in tuner.pkl, with the first run's tracking URI, tags and counters.
@@ -313,7 +316,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
     callback = tracking.MlflowTrialCallback(sweep, describe, base_tags, params.train.epochs)
     try:
         with ray_session(params):
-            results = _tuner(params, data, path, callback).fit()
+            results = _tuner(params, data, path, callback, restore=restored).fit()
         records = _records(results, sweep)
     except BaseException:  # a lost cluster, a second Ctrl-C, an MLflow error: never leave runs RUNNING
         tracking.close_interrupted(sweep)

@@ -401,8 +401,9 @@ def _start(
 def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.dtype | None) -> float:
     """``train.compile``: wrap the model and compile its train and eval graphs now, so epoch times exclude it.
 
-    The warm-up runs a forward/backward and an eval forward on the first batches, then puts back every state
-    it touched (RNGs for dropout, buffers such as BatchNorm statistics, gradients), so training is unchanged.
+    The warm-up runs a forward/backward for every training batch shape of an epoch (the full batch and a partial last
+    one) and an evaluation over the full and last eval batch shapes, then puts back every state it touched (RNGs for
+    dropout, buffers such as BatchNorm statistics, gradients), so training is unchanged.
     Returns the compilation time in seconds.
     """
     model, device = trial.model, data.train_labels.device
@@ -411,8 +412,7 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
     # trial silently runs eagerly.
     torch._dynamo.reset()
     trial.runner = torch.compile(model)  # shares model's parameters; the checkpoint keeps the eager names
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    rng = _rng_state(trial.generator, device)
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     started = time.perf_counter()
     model.train()
@@ -431,9 +431,7 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             buffer.copy_(buffers[name])
-    torch.set_rng_state(rng)
-    if cuda_rng is not None:
-        torch.cuda.set_rng_state(cuda_rng, device)
+    _restore_rng(rng, trial.generator, device)
     return seconds
 
 
