@@ -17,16 +17,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from stages._cli import EXPECTED_FAILURES
+
 if TYPE_CHECKING:
     from pipeline.train import DeviceData
 
 # Paper-size models take ~1 s per step on a 2-core CPU; on the CPU the benchmarks shrink widths and depth (16x16
 # tokens stay, as in the paper) so that they finish in minutes and show only that they run.
 REDUCED_MODEL = {"hidden": 64, "layers": 2, "ffn": 128, "learned_dim": 64, "resnet_width": 16}
-
-# What bad input raises before any work: ConfigError (a ValueError) from load_params, ValueError from a library check
-# of a value, FileNotFoundError for a missing input file (stages/_cli.py treats the same ones the same way).
-BAD_INPUT: tuple[type[Exception], ...] = (FileNotFoundError, ValueError)
 
 
 def synthetic_device_data(
@@ -79,12 +77,13 @@ def make_parser(name: str, description: str | None, **kwargs: object) -> argpars
 
 @contextmanager
 def bad_input_is_a_usage_error(parser: argparse.ArgumentParser) -> Iterator[None]:
-    """Turn ``BAD_INPUT`` raised inside the block into ``parser.error``: usage, one ``<prog>: error: <message>``
+    """Turn what the stages treat as bad input (``EXPECTED_FAILURES``: ConfigError and other ValueErrors, a missing
+    file) raised inside the block into ``parser.error``: usage, one ``<prog>: error: <message>``
     line on stderr, exit code 2. Wrap only the checks and loading done before any work: a ValueError from the work
     itself is a bug and keeps its traceback."""
     try:
         yield
-    except BAD_INPUT as err:
+    except EXPECTED_FAILURES as err:
         parser.error(str(err))
 
 
