@@ -123,6 +123,11 @@ def probability(text: str) -> float:
     return value
 
 
+def positive_ints(text: str) -> list[int]:
+    """argparse ``type=``: comma-separated integers, each >= 1."""
+    return [positive_int(item.strip()) for item in text.split(",")]
+
+
 def probabilities(text: str) -> tuple[float, ...]:
     """argparse ``type=``: comma-separated floats, each in [0, 1)."""
     return tuple(probability(item.strip()) for item in text.split(","))

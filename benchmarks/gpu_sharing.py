@@ -43,13 +43,13 @@ class WorkerResult:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from benchmarks.common import make_parser
+    from benchmarks.common import make_parser, positive_int, positive_ints
 
     parser = make_parser("gpu_sharing", __doc__.split("\n\n")[0], epilog="See the module docstring.")
     parser.add_argument("--model", default="sa_quadratic_9", help="variant of the paper's sweep")
-    parser.add_argument("--counts", default="1,2,4", help="numbers of processes sharing the device")
-    parser.add_argument("--steps", type=int, default=100, help="timed training steps per process")
-    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--counts", type=positive_ints, default="1,2,4", help="numbers of processes sharing the device")
+    parser.add_argument("--steps", type=positive_int, default=100, help="timed training steps per process")
+    parser.add_argument("--batch-size", type=positive_int, default=100)
     parser.add_argument("--no-amp", action="store_true", help="fp32 instead of bf16 autocast")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                         help="auto: CUDA, or skip without one; cpu: reduced-size check of the script")  # fmt: skip
@@ -59,12 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     if args.model not in PAPER_VARIANTS:
         parser.error(f"--model {args.model!r} is not a variant of the sweep; valid: {list(PAPER_VARIANTS)}")
-    try:
-        args.counts = [int(c) for c in args.counts.split(",")]
-    except ValueError:
-        parser.error(f"--counts must be comma-separated integers, got {args.counts!r}")
-    if min(args.counts) < 1 or args.steps < 1 or args.batch_size < 1:
-        parser.error("--counts, --steps and --batch-size must be positive")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but no CUDA device is available")
     return args
