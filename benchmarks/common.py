@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stages._cli import EXPECTED_FAILURES
+from pipeline.io import EXPECTED_FAILURES
 
 if TYPE_CHECKING:
-    from pipeline.train import DeviceData
+    from pipeline.trial.loop import DeviceData
 
 # Paper-size models take ~1 s per step on a 2-core CPU; on the CPU the benchmarks shrink widths and depth (16x16
 # tokens stay, as in the paper) so that they finish in minutes and show only that they run.
@@ -31,8 +31,8 @@ def synthetic_device_data(
     device: torch.device, n_train: int, n_test: int, generator: torch.Generator, image_size: int = 32
 ) -> DeviceData:
     """Random CIFAR-10-shaped uint8 images and labels in [0, 10), on ``device``, with CIFAR-10's normalisation."""
-    from pipeline.datasets import CIFAR10_MEAN, CIFAR10_STD
-    from pipeline.train import DeviceData
+    from pipeline.data.sources import CIFAR10_MEAN, CIFAR10_STD
+    from pipeline.trial.loop import DeviceData
 
     def images(n: int) -> torch.Tensor:
         shape = (n, 3, image_size, image_size)

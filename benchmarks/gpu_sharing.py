@@ -68,9 +68,10 @@ def worker(args: argparse.Namespace) -> None:
     """One trial-like process: build and warm up, say ready, wait for the signal, train ``--steps`` steps, report."""
     from benchmarks.common import REDUCED_MODEL, synthetic_device_data
     from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
+    from pipeline.measure.speed import peak_memory_bytes, reset_peak_memory
     from pipeline.models import build_model
-    from pipeline.speed import peak_memory_bytes, reset_peak_memory
-    from pipeline.train import Trial, build_optimizer, build_scheduler, train_one_epoch
+    from pipeline.trial.checkpoint import Trial
+    from pipeline.trial.loop import build_optimizer, build_scheduler, train_one_epoch
 
     device = torch.device(args.device)
     if device.type == "cpu":

@@ -20,14 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.local_ray import keep_local_ray_on_loopback
+from pipeline.sweep.session import keep_local_ray_on_loopback
 
-keep_local_ray_on_loopback()  # before pipeline.sweep imports Ray
+keep_local_ray_on_loopback()  # before pipeline.sweep.plan imports Ray
 
 from benchmarks.common import bad_input_is_a_usage_error, make_parser, positive_int  # noqa: E402
 from pipeline.config import load_params, parse_params  # noqa: E402
-from pipeline.datasets import prepare_dataset  # noqa: E402
-from pipeline.sweep import preflight, run_sweep  # noqa: E402
+from pipeline.data.sources import prepare_dataset  # noqa: E402
+from pipeline.sweep.plan import preflight  # noqa: E402
+from pipeline.sweep.run import run_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """Training speed of every model of the sweep at the sizes of a params file: seconds per epoch and images/s.
 
-Runs ``pipeline.train.run_trial`` as the sweep does (same data, model and schedule code; only ``train.epochs``
+Runs ``pipeline.trial.loop.run_trial`` as the sweep does (same data, model and schedule code; only ``train.epochs``
 and ``train.device`` are overridden), on the CPU and, when present, on CUDA (bf16 autocast if ``train.amp`` is
 ``auto``). The first epoch pays one-off costs (allocator, kernel selection, caches), so the table gives the
 median of the later epochs when there are any. Nothing is asserted: speed is measured here, not in tests.
@@ -27,12 +27,12 @@ import torch
 
 from benchmarks.common import bad_input_is_a_usage_error, epoch_reporter, make_parser, positive_int, progress
 from pipeline.config import Params, load_params
-from pipeline.counting import count_parameters
-from pipeline.data import PreparedData
-from pipeline.datasets import prepare_dataset
-from pipeline.device import describe_device
+from pipeline.data.prepared import PreparedData
+from pipeline.data.sources import prepare_dataset
+from pipeline.measure.counting import count_parameters
 from pipeline.models import build_model
-from pipeline.train import run_trial
+from pipeline.trial.device import device_tags
+from pipeline.trial.loop import run_trial
 
 COLUMNS = ("model", "device", "precision", "params", "s/epoch", "images/s", "test_acc")
 
@@ -91,8 +91,8 @@ def time_variant(
     model = build_model(model_cfg, image_size=size, in_channels=channels, num_classes=data.num_classes)
     row = {
         "model": variant,
-        "device": describe_device(train_cfg)["device_name"] if device == "cuda" else "cpu",
-        "precision": describe_device(train_cfg)["precision"],
+        "device": device_tags(train_cfg)["device_name"] if device == "cuda" else "cpu",
+        "precision": device_tags(train_cfg)["precision"],
         "params": f"{count_parameters(model):,}",
         "s/epoch": f"{seconds:.2f}",
         "images/s": f"{len(data.train_labels) / seconds:,.0f}",

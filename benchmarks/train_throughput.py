@@ -12,7 +12,7 @@ Paths (each is tested for equality with ``plain`` in tests/unit):
   compiled    optimised + torch.compile (compile time reported separately, in the "first s" column)
   truncated   optimised + locality-truncated attention (model.attention_window_eps = --eps); Gaussian models only
 
-Every path runs the trainer's own loop (``pipeline.train.train_one_epoch`` / ``evaluate``): data held on the device
+Every path runs the trainer's own loop (``pipeline.trial.loop.train_one_epoch`` / ``evaluate``): data held on the device
 as uint8, batched on-device augmentation, one host sync per step for the divergence check.
 
 On a CPU it runs at reduced size (hidden 64, 2 layers, batch 8: still 16x16 tokens) and says so; the figures to
@@ -37,16 +37,17 @@ from benchmarks.common import (
     synthetic_device_data,
 )
 from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
-from pipeline.device import synchronize
-from pipeline.models import build_model
-from pipeline.speed import (
+from pipeline.measure.speed import (
     count_training_flops,
     matmul_peak_flops,
     peak_memory_bytes,
     reset_peak_memory,
     set_gaussian_heads,
 )
-from pipeline.train import Trial, build_optimizer, build_scheduler, evaluate, train_one_epoch
+from pipeline.models import build_model
+from pipeline.trial.checkpoint import Trial
+from pipeline.trial.device import synchronize
+from pipeline.trial.loop import build_optimizer, build_scheduler, evaluate, train_one_epoch
 
 PATHS = ("plain", "optimised", "compiled", "truncated")
 GAUSSIAN = {"quadratic", "generalized_quadratic"}

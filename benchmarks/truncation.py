@@ -35,11 +35,11 @@ from benchmarks.common import (
     probability,
 )
 from pipeline.config import PAPER_VARIANTS, ModelConfig, Params, load_params
-from pipeline.counting import count_flops
-from pipeline.data import PreparedData
+from pipeline.data.prepared import PreparedData
+from pipeline.measure.counting import count_flops
+from pipeline.measure.speed import set_gaussian_heads
 from pipeline.models import build_model
 from pipeline.models.local_attention import LocalMultiHeadSelfAttention, dense_flops, window_flops
-from pipeline.speed import set_gaussian_heads
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
@@ -159,7 +159,7 @@ def error_table(args: argparse.Namespace, device: torch.device) -> None:
 def training_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Params, PreparedData]:
     """Part 2's params and prepared dataset, loaded before part 1 runs: a bad --params file, an unknown variant or a
     missing dataset ends in ``parser.error`` (exit code 2) before anything is computed."""
-    from pipeline.datasets import prepare_dataset
+    from pipeline.data.sources import prepare_dataset
 
     with bad_input_is_a_usage_error(parser):
         params = load_params(args.params)
@@ -171,7 +171,7 @@ def training_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def accuracy_run(args: argparse.Namespace, params: Params, data: PreparedData) -> None:
-    from pipeline.train import run_trial
+    from pipeline.trial.loop import run_trial
 
     train_cfg = params.train.model_copy(update={"epochs": args.train_epochs, "device": args.device})
     print(f"\ntraining {args.model} on {params.data.dataset} ({args.params}, model section's sizes), "

@@ -15,10 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.config import Params, load_params
-
-# ConfigError is a ValueError; library code raises ValueError for input it cannot use (a corrupt archive, a bad
-# checkpoint). A bug that raises ValueError still shows its traceback with -v.
-EXPECTED_FAILURES: tuple[type[Exception], ...] = (FileNotFoundError, ValueError)
+from pipeline.io import EXPECTED_FAILURES  # a bug that raises ValueError still shows its traceback with -v
 
 
 def make_parser(doc: str | None) -> argparse.ArgumentParser:

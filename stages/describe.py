@@ -13,16 +13,16 @@ import argparse
 import logging
 
 from pipeline.config import ModelConfig, Params
-from pipeline.describe import describe_models, format_table
+from pipeline.measure.tables import format_table, model_size_rows
 from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.describe")
 
 
 def describe(args: argparse.Namespace, params: Params) -> int:
-    paper_rows = describe_models(ModelConfig(), image_size=32, include_pruned=True)
+    paper_rows = model_size_rows(ModelConfig(), image_size=32, include_pruned=True)
     image_size = params.data.image_size
-    current_rows = describe_models(params.model, image_size=image_size, variants=params.variants)
+    current_rows = model_size_rows(params.model, image_size=image_size, variants=params.variants)
     print("The paper's models at the paper's size (CIFAR-10, 32x32x3):")
     print(format_table(paper_rows, with_paper=True))
     print(f"\nThe variants of {args.params} at its sizes ({image_size}x{image_size}x3, as prepared):")

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.data import check_output_dir, save_prepared
-from pipeline.datasets import prepare_dataset, provenance
+from pipeline.data.prepared import check_output_dir, save_prepared
+from pipeline.data.sources import prepare_dataset, provenance
 from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.prepare")

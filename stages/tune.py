@@ -14,46 +14,41 @@ written, an http(s) tracking.uri answers.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.local_ray import keep_local_ray_on_loopback, ray_address
+from pipeline.io import write_json_atomic
+from pipeline.sweep.manifest import write_tune_manifest
+from pipeline.sweep.session import keep_local_ray_on_loopback, ray_address
 from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.tune")
 OUT_DIR = Path("results/tune")  # relative to the working directory, like every path in params.yaml
 
 
-def write_json(path: Path, payload: dict) -> None:
-    """Atomically: a reader (or an interrupted run) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
-
-
 def stage(args: argparse.Namespace, params: Params) -> int:
     if ray_address(params.sweep) is None:
         keep_local_ray_on_loopback()  # before Ray is imported
-    from pipeline import sweep  # imports Ray and MLflow: after params are valid, so --help stays fast
+    # These import Ray and MLflow: after params are valid, so --help and bad params stay fast.
+    from pipeline.sweep.plan import format_plan, preflight
+    from pipeline.sweep.run import run_sweep
 
     if args.dry_run:
-        print(sweep.describe_plan(params, Path.cwd()))
-        sweep.preflight(params, Path.cwd())  # after the plan, so a problem is the last thing on screen
+        print(format_plan(params, Path.cwd()))
+        preflight(params, Path.cwd())  # after the plan, so a problem is the last thing on screen
         return 0
-    from pipeline.data import load_prepared
+    from pipeline.data.prepared import load_prepared
 
     root = Path.cwd()  # dvc runs stages from the repository root
     data = load_prepared(root / params.data.prepared_dir)
-    outcome = sweep.run_sweep(params, data, root)
+    outcome = run_sweep(params, data, root)
     if outcome.interrupted:
         return 130
     manifest = outcome.manifest()
-    write_json(OUT_DIR / "manifest.json", manifest)
-    write_json(OUT_DIR / "metrics.json", outcome.metrics_summary())
+    write_tune_manifest(OUT_DIR / "manifest.json", manifest)
+    write_json_atomic(OUT_DIR / "metrics.json", manifest.metrics_summary())
     log.info("wrote %s (parent run %s)", OUT_DIR / "manifest.json", outcome.sweep.parent_run_id)
     if outcome.failed:
         log.error("some trials failed after their retries; re-run to resume them from their checkpoints")

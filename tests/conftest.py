@@ -1,7 +1,7 @@
 """Shared fixtures. ``tiny_cifar10`` writes a few images in the real CIFAR-10 python format for the real loader.
 
 Every Ray a test starts (and every stage subprocess attaching to it) talks over 127.0.0.1 only: set up here, before
-any test module imports Ray (see ``pipeline.local_ray``).
+any test module imports Ray (see ``pipeline.sweep.session``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.local_ray import keep_local_ray_on_loopback
+from pipeline.sweep.session import keep_local_ray_on_loopback
 
 keep_local_ray_on_loopback()
 # Tests send traffic to 127.0.0.1 only: no usage statistics or telemetry from the real tools they start.

@@ -102,6 +102,9 @@ class Project:
     def write_params(self, params: dict) -> None:
         (self.path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
+    def read_params(self) -> dict:
+        return yaml.safe_load((self.path / "params.yaml").read_text())
+
     def run(self, *command: str, timeout: float = 300) -> subprocess.CompletedProcess:
         done = subprocess.run(command, cwd=self.path, env=self.env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
@@ -135,3 +138,14 @@ def project(tmp_path_factory: pytest.TempPathFactory, ray_address: str, mlflow_s
     copy.run("git", "add", "-A")
     copy.run("git", "commit", "-q", "-m", "tiny profile")
     return copy
+
+
+@pytest.fixture
+def project_params(project: Project) -> Iterator[dict]:
+    """The shared project's params, to edit and ``project.write_params``; put back after the test, so tests that
+    change the sweep pass in any order."""
+    original = (project.path / "params.yaml").read_text()
+    try:
+        yield project.read_params()
+    finally:
+        (project.path / "params.yaml").write_text(original)

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import load_params
-from pipeline.sweep import experiment_name, prepared_data_hash
+from pipeline.sweep.identity import experiment_name, prepared_data_hash
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -33,7 +32,9 @@ def swept(project: Project) -> dict:
     started = time.monotonic()
     done = project.dvc("repro")
     manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
-    return {"output": done.stdout + done.stderr, "manifest": manifest, "seconds": time.monotonic() - started}
+    metrics = project.dvc("metrics", "show").stdout
+    return {"output": done.stdout + done.stderr, "manifest": manifest, "metrics_shown": metrics,
+            "seconds": time.monotonic() - started}  # fmt: skip
 
 
 def children(client: MlflowClient, manifest: dict) -> list:
@@ -48,7 +49,8 @@ def test_run_tree_in_mlflow(swept: dict) -> None:
     assert parent.info.status == "FINISHED"
     runs = children(client, manifest)
     assert sorted(r.info.run_name for r in runs) == ["resnet18-seed0", "sa_quadratic_9-seed0"]
-    everything = client.search_runs([manifest["experiment_id"]])
+    # Every run this sweep ever made (other tests add sweeps to the experiment, in any order):
+    everything = client.search_runs([manifest["experiment_id"]], f"tags.params_hash = '{manifest['params_hash']}'")
     assert len(everything) == 3  # no duplicate run although every trial failed once and was retried
     assert not [r for r in everything if r.info.status == "RUNNING"]
     for run in runs:
@@ -67,7 +69,7 @@ def test_run_tree_in_mlflow(swept: dict) -> None:
             assert "checkpoint/head_history.json" in artifacts
 
 
-def test_manifest_for_later_stages(swept: dict, project: Project) -> None:
+def test_manifest_for_later_stages(swept: dict) -> None:
     manifest = swept["manifest"]
     assert manifest["tracking_uri"].startswith("http://127.0.0.1:")
     assert {t["variant"] for t in manifest["trials"]} == {"sa_quadratic_9", "resnet18"}
@@ -79,11 +81,11 @@ def test_manifest_for_later_stages(swept: dict, project: Project) -> None:
         if trial["variant"] == "sa_quadratic_9":
             history = json.loads(Path(trial["head_history"]).read_text())
             assert [h["epoch"] for h in history] == [0, 1, 2]
-    shown = project.dvc("metrics", "show")
-    assert "sa_quadratic_9" in shown.stdout and "test_acc" in shown.stdout
+    assert "sa_quadratic_9" in swept["metrics_shown"] and "test_acc" in swept["metrics_shown"]
 
 
 def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
+    project.dvc("repro")  # brings the project up to date whatever ran before (a restore: nothing retrains)
     done = project.dvc("repro")
     output = done.stdout + done.stderr
     assert "didn't change" in output or "up to date" in output
@@ -117,8 +119,8 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
     assert child.info.run_name in dom
 
 
-def test_changing_a_sweep_param_reruns_only_tune(swept: dict, project: Project) -> None:
-    params = yaml.safe_load((project.path / "params.yaml").read_text())
+def test_changing_a_sweep_param_reruns_only_tune(swept: dict, project: Project, project_params: dict) -> None:
+    params = project_params
     params["sweep"]["variants"] = ["resnet18"]
     project.write_params(params)
     output = "".join(project.dvc("repro").stdout)
@@ -135,8 +137,10 @@ def test_changing_a_sweep_param_reruns_only_tune(swept: dict, project: Project) 
     [(signal.SIGINT, 12), (signal.SIGTERM, 10)],  # Ctrl-C on `dvc repro`; a scheduler preempting the job
     ids=["SIGINT", "SIGTERM"],
 )
-def test_interrupted_sweep_restores(swept: dict, project: Project, stop: signal.Signals, epochs: int) -> None:
-    params = yaml.safe_load((project.path / "params.yaml").read_text())  # swept: data/prepared exists
+def test_interrupted_sweep_restores(
+    swept: dict, project: Project, project_params: dict, stop: signal.Signals, epochs: int
+) -> None:
+    params = project_params  # swept: data/prepared exists
     params["train"]["epochs"] = epochs
     params["sweep"]["fail_once_after_epoch"] = None
     project.write_params(params)
@@ -170,9 +174,9 @@ def test_interrupted_sweep_restores(swept: dict, project: Project, stop: signal.
     assert client.get_run(record["parent_run_id"]).info.status == "FINISHED"
 
 
-def test_asha_stops_weak_trials_early_and_says_so(swept: dict, project: Project) -> None:
+def test_asha_stops_weak_trials_early_and_says_so(swept: dict, project: Project, project_params: dict) -> None:
     """ASHA (grace 1, halving) over the five variants, one at a time so its decisions do not depend on timing."""
-    params = yaml.safe_load((project.path / "params.yaml").read_text())
+    params = project_params
     params["train"]["epochs"] = 4
     params["sweep"].update(
         variants=["sa_quadratic_9", "sa_quadratic_16", "sa_generalized_9", "sa_learned_9", "resnet18"],
@@ -205,7 +209,7 @@ def test_asha_stops_weak_trials_early_and_says_so(swept: dict, project: Project)
 
 def test_a_trial_larger_than_the_running_ray_is_refused(ray_address: str, tmp_path: Path) -> None:
     from pipeline.config import parse_params
-    from pipeline.sweep import preflight
+    from pipeline.sweep.plan import preflight
 
     raw = load_params(Path(__file__).resolve().parents[2] / "params.yaml").model_dump(mode="json")
     raw["sweep"]["resources"] = {"cpu": 3, "gpu": 0}  # the session's Ray has 2 CPUs

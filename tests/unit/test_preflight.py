@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from pipeline.config import load_params, parse_params
-from pipeline.sweep import preflight
+from pipeline.sweep.plan import preflight
 from stages import tune as tune_stage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def _params(**sweep_and_tracking):
 @pytest.fixture(autouse=True)
 def no_ray_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a stage's own process; the integration tests' session Ray would otherwise be the one judged."""
-    monkeypatch.setattr("pipeline.sweep.ray.is_initialized", lambda: False)
+    monkeypatch.setattr("pipeline.sweep.plan.ray.is_initialized", lambda: False)
 
 
 def _closed_port() -> int:

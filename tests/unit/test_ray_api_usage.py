@@ -1,4 +1,4 @@
-"""Only the ray.tune.* API (DESIGN.md): legacy entry points are deprecated or, like ray.train.report, hard errors."""
+"""Only the ray.tune.* API: legacy entry points are deprecated or, like ray.train.report inside Tune, hard errors."""
 
 from __future__ import annotations
 

@@ -14,15 +14,15 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
-from pipeline.counting import count_flops
-from pipeline.models import build_model
-from pipeline.speed import (
+from pipeline.measure.counting import count_flops
+from pipeline.measure.speed import (
     count_training_flops,
     matmul_peak_flops,
     peak_memory_bytes,
     set_gaussian_heads,
 )
-from pipeline.train import DeviceData, build_optimizer, evaluate
+from pipeline.models import build_model
+from pipeline.trial.loop import DeviceData, build_optimizer, evaluate
 
 SMALL = ModelConfig(hidden=16, layers=2, ffn=24, learned_dim=8, resnet_width=4, dropout=0.0, attention_dropout=0.0)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline import tracking
+from pipeline.sweep import tracking
 
 
 @pytest.fixture(scope="module")

@@ -12,25 +12,22 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from pipeline import train
 from pipeline.config import ModelConfig, TrainConfig, load_params
-from pipeline.data import PreparedData
-from pipeline.datasets import prepare_dataset
-from pipeline.device import describe_device
+from pipeline.data.prepared import PreparedData
+from pipeline.data.sources import prepare_dataset
 from pipeline.models import build_model
-from pipeline.train import (
-    METRIC_KEYS,
+from pipeline.trial import loop as train
+from pipeline.trial.checkpoint import load_checkpoint, load_head_history, model_from_checkpoint, save_model_checkpoint
+from pipeline.trial.device import device_tags
+from pipeline.trial.loop import (
     DivergedError,
     WarmupCosine,
     augment_batch,
     build_optimizer,
     build_scheduler,
-    load_checkpoint,
-    load_head_history,
-    model_from_checkpoint,
     run_trial,
-    save_model_checkpoint,
 )
+from pipeline.trial.report import METRIC_KEYS
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 TINY_SA = ModelConfig(hidden=8, layers=2, heads=4, ffn=16, learned_dim=8, resnet_width=4)
@@ -303,8 +300,8 @@ def test_non_finite_loss_raises_diverged_error():
     assert (restored.epoch, restored.step, str(restored)) == (1, 0, str(caught.value))
 
 
-def test_describe_device_gives_string_tags():
-    tags = describe_device(TINY_TRAIN)
+def test_device_tags_are_strings():
+    tags = device_tags(TINY_TRAIN)
     assert tags["device"] == "cpu" and tags["precision"] == "fp32"
     assert all(isinstance(v, str) for v in tags.values())
 

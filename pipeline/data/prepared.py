@@ -3,8 +3,8 @@
 A ``PreparedData`` holds uint8 images (N, C, H, W), int64 labels, class names and the per-channel normalisation of
 ``images / 255``. ``save_prepared`` writes it as ``train.pt``, ``test.pt`` and ``manifest.json`` atomically;
 ``load_prepared`` reads it back and checks the manifest's content hash. Where the images come from (CIFAR-10,
-digits) is ``pipeline.datasets``: this module stays light (torch only) because every Ray trial unpickles it.
-
+digits) is ``pipeline.data.sources``: this module stays light (torch only) because every Ray trial unpickles it,
+and it is trial code (``pipeline.sweep.identity.TRIAL_CODE``): an edit here changes every trial's identity.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from pipeline.paths import check_creatable_dir
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +97,10 @@ def check_output_dir(out_dir: Path) -> None:
             )
         if Path.cwd().absolute().is_relative_to(out_dir):
             raise ValueError(f"{out_dir} contains the working directory; refusing to replace it")
+    # Imported here: trials load this module but never write a dataset, and the stages' file helpers must not be
+    # part of the trial code whose edits retrain a sweep.
+    from pipeline.io import check_creatable_dir
+
     check_creatable_dir(out_dir.parent)  # the new directory is written next to it, then swapped in
 
 
@@ -114,7 +116,7 @@ def save_prepared(data: PreparedData, out_dir: Path, provenance: dict | None = N
     """Write train.pt, test.pt and manifest.json into a sibling temp dir, then swap it into place.
 
     A killed run leaves at most a ``.<name>.tmp-*`` directory; the previous output is only removed once the new one
-    is complete. Writing the same data again changes nothing on disk. ``provenance`` (``datasets.provenance``) adds
+    is complete. Writing the same data again changes nothing on disk. ``provenance`` (``sources.provenance``) adds
     the dataset and split seed to the manifest. Returns the manifest. Refuses (``check_output_dir``) to replace
     anything that is not a prepared dataset.
     """

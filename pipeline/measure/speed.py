@@ -2,7 +2,7 @@
 
 MFU (model FLOP utilisation) = counted training FLOPs per second / the matmul FLOP/s the same device reaches in the
 same process (bf16 on CUDA, fp32 on the CPU). Both numbers come from this module so that the ratio is always taken
-between measurements of one machine, never against a datasheet. FLOPs follow ``pipeline.counting``'s convention
+between measurements of one machine, never against a datasheet. FLOPs follow ``pipeline.measure.counting``'s convention
 (``FlopCounterMode``: 1 multiply-add = 2 FLOPs, matmuls and convolutions only), over forward *and* backward.
 
 Nothing here asserts a speed: timings belong to ``benchmarks/``, never to tests.
@@ -19,8 +19,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.device import autocast, synchronize
 from pipeline.models.positional import GeneralizedQuadraticEncoding, QuadraticEncoding
+from pipeline.trial.device import autocast, synchronize
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,6 @@
 """MLflow tracking of a Ray Tune sweep: one parent run per sweep, one child run per trial, all written by the driver.
 
-Why the driver writes everything (ecosystem.md 2.3 and recommendation 9) instead of the trials or the stock
-``MLflowLoggerCallback``:
+Why the driver writes everything instead of the trials or the stock ``MLflowLoggerCallback``:
 - one writer process, so a local sqlite store never sees concurrent first writers or ``set_experiment`` races, and
   the trials need no tracking URI at all (nothing depends on a trial's working directory or node);
 - ``MlflowTrialCallback`` keeps the ``trial_id -> run_id`` map in Tune's own experiment state (``get_state`` /
@@ -32,18 +31,14 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from pipeline.config import TrackingConfig
-from pipeline.train import METRIC_KEYS
-from pipeline.trainable import TRIAL_TAGS_KEY
+from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
+from pipeline.trial.report import METRIC_KEYS, WHERE_KEY
 
 log = logging.getLogger(__name__)
 
 # Keys of run_trial's per-epoch report that become MLflow metrics (``epoch`` is the step, not a metric).
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
 PARENT_FILE = "mlflow_parent_run.json"  # in the Ray experiment dir: the sweep's parent run, reused on restore
-
-# How a trial ended. The callback decides it when Tune ends the trial and tags the run (``tune.status``); the
-# manifest reads it back from the run (``trial_outcome``), so both always say the same.
-FINISHED, EARLY_STOPPED, ERROR, INTERRUPTED = "finished", "early_stopped", "error", "interrupted"
 
 
 @dataclass(frozen=True)
@@ -231,15 +226,15 @@ class MlflowTrialCallback(Callback):
     """Driver-side Tune callback: one child run per trial, continued across retries and ``Tuner.restore``.
 
     Tune pickles this object into ``tuner.pkl`` and restores ``get_state()`` from its experiment snapshots, so it
-    holds only plain data; the client is created lazily. ``describe`` is a module-level function (picklable by
+    holds only plain data; the client is created lazily. ``run_info`` is a module-level function (picklable by
     reference) that turns a trial's config into its run name, params and tags.
     """
 
     def __init__(
-        self, sweep: SweepRun, describe: Callable[[dict], TrialInfo], tags: dict[str, str], epochs: int
+        self, sweep: SweepRun, run_info: Callable[[dict], TrialInfo], tags: dict[str, str], epochs: int
     ) -> None:
         self.sweep = sweep
-        self.describe = describe
+        self.run_info = run_info
         self.tags = dict(tags)
         self.epochs = epochs  # a trial that completes before this many epochs was stopped early (ASHA)
         self.runs: dict[str, str] = {}  # trial_id -> run_id: the state that survives restore
@@ -257,7 +252,7 @@ class MlflowTrialCallback(Callback):
 
     @property
     def calls(self) -> Counter:
-        """MLflow client requests made so far, by method (benchmarks/sweep_overhead.py)."""
+        """MLflow client requests made so far, by method (the sweep-overhead benchmark reports them)."""
         return self._client.calls if self._client is not None else Counter()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -281,7 +276,7 @@ class MlflowTrialCallback(Callback):
             self._logged_through[trial.trial_id] = max((m.step for m in history), default=0)
             log.info("MLflow: trial %s continues run %s", trial.trial_id, run_id)
             return
-        described = self.describe(trial.config)
+        described = self.run_info(trial.config)
         tags = {
             **self.tags, **described.tags,
             "mlflow.parentRunId": self.sweep.parent_run_id,
@@ -305,7 +300,7 @@ class MlflowTrialCallback(Callback):
             return
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(result[k]), now, epoch) for k in EPOCH_METRICS if k in result]
-        where = {k: str(v) for k, v in (result.get(TRIAL_TAGS_KEY) or {}).items()}
+        where = {k: str(v) for k, v in (result.get(WHERE_KEY) or {}).items()}
         new_tags = where if where != self._seen_tags.get(trial.trial_id) else {}
         self._seen_tags[trial.trial_id] = where
         self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in new_tags.items()])
@@ -339,7 +334,7 @@ class MlflowTrialCallback(Callback):
         """Upload the trial's latest checkpoint dir (checkpoint.pt, head_history.json) as artifact ``checkpoint/``.
 
         Read from Tune's storage in the driver: on a multi-node cluster ``storage_path`` must be shared (it must be
-        anyway for retries and restore, ecosystem.md 1.7).
+        anyway for retries and restore).
         """
         checkpoint = trial.checkpoint
         if checkpoint is None:

@@ -1,16 +1,16 @@
-"""Parameter / FLOP rows for a set of model variants, and a plain-text table of them (``stages.describe``)."""
+"""Parameter / FLOP rows for a set of model variants, and a plain-text table of them (``python -m stages.describe``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from pipeline.config import PAPER_VARIANTS, ModelConfig, VariantConfig
-from pipeline.counting import count_flops, count_parameters
+from pipeline.measure.counting import count_flops, count_parameters
+from pipeline.measure.reference import PAPER_FIGURES, PAPER_PRUNED_HEADS
 from pipeline.models import build_model
-from pipeline.reference import PAPER_FIGURES, PAPER_PRUNED_HEADS
 
 
-def describe_models(
+def model_size_rows(
     base: ModelConfig,
     *,
     image_size: int,

@@ -1,5 +1,6 @@
-"""The paper's published figures (Figure 5 / Figure 9, CIFAR-10 test set) and the exact counts of the authors'
-architecture (``shared/docs/paper.md``), so tables can show ours next to theirs and tests can pin them."""
+"""The paper's published figures (Figure 5 / Figure 9, CIFAR-10 test set) and the exact parameter counts of the
+authors' architecture (their public code, epfml/attention-cnn), so tables show ours next to theirs and tests pin them.
+"""
 
 from __future__ import annotations
 

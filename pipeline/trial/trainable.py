@@ -2,7 +2,8 @@
 
 Kept apart from ``pipeline.sweep`` (the driver) so that a trial's worker imports only what training needs (torch,
 Ray Tune, the trainer) and not MLflow, the dataset sources or torchvision: a fresh worker starts training seconds
-sooner. The trial reports every epoch with a checkpoint and resumes from Tune's checkpoint after a failure.
+sooner. Everything it imports from this project is trial code (``pipeline.sweep.identity.TRIAL_CODE``, tested).
+The trial reports every epoch with a checkpoint and resumes from Tune's checkpoint after a failure.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import ray
 from ray import tune
 
 from pipeline.config import parse_params
-from pipeline.train import describe_device, run_trial
+from pipeline.trial.device import device_tags
+from pipeline.trial.loop import run_trial
+from pipeline.trial.report import WHERE_KEY
 
 if TYPE_CHECKING:
-    from pipeline.data import PreparedData
-
-TRIAL_TAGS_KEY = "trial_tags"  # the trainable reports where it runs (node, device) under this key
+    from pipeline.data.prepared import PreparedData
 
 
 class InjectedFailure(RuntimeError):
@@ -36,12 +37,12 @@ def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[st
         if train_cfg.device == "cuda":
             raise ValueError("train.device is 'cuda' but Ray assigned this trial no GPU (sweep.resources.gpu)")
         train_cfg = train_cfg.model_copy(update={"device": "cpu"})
-    where = {"ray.node_id": ray.get_runtime_context().get_node_id(), **describe_device(train_cfg)}
+    where = {"ray.node_id": ray.get_runtime_context().get_node_id(), **device_tags(train_cfg)}
     fail_after = config.get("fail_once_after_epoch")
     checkpoint = tune.get_checkpoint()
 
     def reporter(metrics: dict[str, float], checkpoint_dir: Path) -> None:
-        tune.report({**metrics, TRIAL_TAGS_KEY: where}, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+        tune.report({**metrics, WHERE_KEY: where}, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
         if checkpoint is None and fail_after is not None and metrics["epoch"] == fail_after:
             raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
 

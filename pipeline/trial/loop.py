@@ -18,13 +18,12 @@ it).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,21 +33,25 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.config import ModelConfig, TrainConfig
-from pipeline.device import autocast, autocast_dtype, describe_device, resolve_device, synchronize
-from pipeline.models import build_model
+from pipeline.trial.checkpoint import (
+    Trial,
+    build_for_data,
+    head_snapshot,
+    load_checkpoint,
+    load_head_history,
+    restore_rng,
+    rng_state,
+    write_checkpoint,
+)
+from pipeline.trial.device import autocast, autocast_dtype, device_tags, resolve_device, synchronize
+from pipeline.trial.report import METRIC_KEYS
 
 if TYPE_CHECKING:
-    from pipeline.data import PreparedData
+    from pipeline.data.prepared import PreparedData
 
 log = logging.getLogger(__name__)
 
 Reporter = Callable[[dict[str, float], Path], None]  # (epoch metrics, checkpoint dir valid only during the call)
-
-CHECKPOINT_FILE = "checkpoint.pt"
-HEAD_HISTORY_FILE = "head_history.json"
-METRIC_KEYS = (
-    "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s",
-)  # fmt: skip
 
 
 class DivergedError(RuntimeError):
@@ -170,24 +173,6 @@ def augment_batch(images: Tensor, padding: int, generator: torch.Generator, *, h
 # ----------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Trial:
-    """Everything that changes during a trial and is checkpointed."""
-
-    model: nn.Module
-    optimizer: torch.optim.SGD
-    scheduler: LambdaLR
-    generator: torch.Generator  # shuffling and augmentation (CPU)
-    runner: nn.Module | None = None  # what forward passes call: ``model`` or its torch.compile wrapper
-    epoch: int = 0  # completed epochs
-    metrics_history: list[dict[str, float]] = field(default_factory=list)
-    head_history: list[dict[str, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.runner is None:
-            self.runner = self.model
-
-
 def train_one_epoch(
     trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.dtype | None
 ) -> dict[str, float]:
@@ -251,116 +236,6 @@ def evaluate(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Head geometry and checkpoints
-# ----------------------------------------------------------------------------------------------------
-
-
-def head_snapshot(model: nn.Module, epoch: int) -> dict[str, Any] | None:
-    """Every head's centre and ``Sigma^-1`` per layer (Figure 2's trajectories); None if it has none."""
-    geometry = model.head_geometry() if hasattr(model, "head_geometry") else None
-    if geometry is None:
-        return None
-    layers = [{key: value.float().cpu().tolist() for key, value in layer.items()} for layer in geometry]
-    return {"epoch": epoch, "layers": layers}
-
-
-def _rng_state(generator: torch.Generator, device: torch.device) -> dict[str, Any]:
-    state: dict[str, Any] = {"data": generator.get_state(), "torch": torch.get_rng_state()}
-    if device.type == "cuda":  # the training device's only: a resume may see fewer GPUs (Ray assigns one)
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _restore_rng(state: dict[str, Any], generator: torch.Generator, device: torch.device) -> None:
-    generator.set_state(state["data"])
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-    elif device.type == "cuda":  # a CPU checkpoint continued on a GPU: not bit-exact anyway, say so
-        log.warning("checkpoint has no CUDA RNG state (written on the CPU); CUDA dropout continues from the seed")
-
-
-def heads_of(model: nn.Module) -> list[int] | None:
-    """Heads per layer of a self-attention model (pruned models differ from the config); None for ResNet."""
-    heads = getattr(model, "heads_per_layer", None)
-    return list(heads) if heads is not None else None
-
-
-def write_checkpoint(
-    directory: Path, trial: Trial, model_cfg: ModelConfig, train_cfg: TrainConfig, data_info: dict[str, Any]
-) -> None:
-    """``checkpoint.pt`` (loads with ``weights_only=True``) and, for Gaussian heads, ``head_history.json``."""
-    device = next(trial.model.parameters()).device
-    payload = {
-        "model": trial.model.state_dict(),
-        "optimizer": trial.optimizer.state_dict(),
-        "scheduler": trial.scheduler.state_dict(),
-        "epoch": trial.epoch,
-        "rng": _rng_state(trial.generator, device),
-        "model_config": model_cfg.model_dump(),
-        "train_config": train_cfg.model_dump(),
-        "heads_per_layer": heads_of(trial.model),
-        "metrics_history": [dict(m) for m in trial.metrics_history],
-        **data_info,  # image_shape, num_classes
-    }
-    torch.save(payload, directory / CHECKPOINT_FILE)
-    if trial.head_history:
-        (directory / HEAD_HISTORY_FILE).write_text(json.dumps(trial.head_history))
-
-
-def load_checkpoint(checkpoint_dir: Path) -> dict:
-    """The contents of ``checkpoint.pt`` in ``checkpoint_dir``, tensors on the CPU."""
-    path = Path(checkpoint_dir) / CHECKPOINT_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no checkpoint (expected a directory written by pipeline.train)")
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def load_head_history(checkpoint_dir: Path) -> list[dict[str, Any]]:
-    """Per-epoch head geometry recorded so far; empty for models without Gaussian heads."""
-    path = Path(checkpoint_dir) / HEAD_HISTORY_FILE
-    return json.loads(path.read_text()) if path.is_file() else []
-
-
-def _model_for(
-    model_cfg: ModelConfig, image_shape: Sequence[int], num_classes: int, heads_per_layer: list[int] | None
-) -> nn.Module:
-    channels, size, _ = image_shape
-    return build_model(
-        model_cfg, image_size=size, in_channels=channels, num_classes=num_classes, heads_per_layer=heads_per_layer
-    )
-
-
-def model_from_checkpoint(checkpoint_dir: Path) -> nn.Module:
-    """The checkpoint's model (its own config and heads per layer, e.g. pruned), on the CPU, in eval mode."""
-    checkpoint = load_checkpoint(checkpoint_dir)
-    model_cfg = ModelConfig.model_validate(checkpoint["model_config"])
-    model = _model_for(model_cfg, checkpoint["image_shape"], checkpoint["num_classes"], checkpoint["heads_per_layer"])
-    model.load_state_dict(checkpoint["model"])
-    return model.eval()
-
-
-def save_model_checkpoint(
-    directory: Path,
-    model: nn.Module,
-    model_cfg: ModelConfig,
-    *,
-    image_shape: tuple[int, int, int],
-    num_classes: int,
-) -> None:
-    """A weights-only checkpoint (e.g. of a pruned model) for ``init_from`` and ``model_from_checkpoint``."""
-    payload = {
-        "model": model.state_dict(),
-        "model_config": model_cfg.model_dump(),
-        "heads_per_layer": heads_of(model),
-        "image_shape": list(image_shape),
-        "num_classes": num_classes,
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, directory / CHECKPOINT_FILE)
-
-
-# ----------------------------------------------------------------------------------------------------
 # The trial
 # ----------------------------------------------------------------------------------------------------
 
@@ -380,7 +255,7 @@ def _start(
     source = resume or init
     if heads_per_layer is None and source is not None:
         heads_per_layer = source["heads_per_layer"]
-    model = _model_for(model_cfg, data.image_shape, data.num_classes, heads_per_layer)
+    model = build_for_data(model_cfg, data.image_shape, data.num_classes, heads_per_layer)
     if source is not None:
         model.load_state_dict(source["model"])
     model.to(device)
@@ -392,7 +267,7 @@ def _start(
     if resume is not None:
         optimizer.load_state_dict(resume["optimizer"])
         scheduler.load_state_dict(resume["scheduler"])
-        _restore_rng(resume["rng"], generator, device)
+        restore_rng(resume["rng"], generator, device)
         trial.epoch = resume["epoch"]
         trial.metrics_history = list(resume["metrics_history"])
     return trial
@@ -412,7 +287,7 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
     # trial silently runs eagerly.
     torch._dynamo.reset()
     trial.runner = torch.compile(model)  # shares model's parameters; the checkpoint keeps the eager names
-    rng = _rng_state(trial.generator, device)
+    rng = rng_state(trial.generator, device)
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     started = time.perf_counter()
     model.train()
@@ -431,7 +306,7 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             buffer.copy_(buffers[name])
-    _restore_rng(rng, trial.generator, device)
+    restore_rng(rng, trial.generator, device)
     return seconds
 
 
@@ -494,7 +369,7 @@ def run_trial(
         trial.head_history = [snapshot]
     on_device = DeviceData.from_prepared(data, device)
     data_info = {"image_shape": list(data.image_shape), "num_classes": data.num_classes}
-    log.info("trial on %s; epochs %d..%d", describe_device(train_cfg), trial.epoch + 1, train_cfg.epochs)
+    log.info("trial on %s; epochs %d..%d", device_tags(train_cfg), trial.epoch + 1, train_cfg.epochs)
     if train_cfg.compile:
         log.info(
             "torch.compile: train and eval graphs compiled in %.1f s",
@@ -532,21 +407,14 @@ def run_trial(
 
 
 __all__ = [
-    "METRIC_KEYS",
     "DeviceData",
     "DivergedError",
     "Reporter",
-    "Trial",
     "WarmupCosine",
     "augment_batch",
     "build_optimizer",
     "build_scheduler",
-    "describe_device",
     "evaluate",
-    "load_checkpoint",
-    "load_head_history",
-    "model_from_checkpoint",
     "run_trial",
-    "save_model_checkpoint",
     "train_one_epoch",
 ]

@@ -2,7 +2,7 @@
 
 ``train.device: auto`` picks CUDA when present, else the CPU; ``train.amp: auto`` turns on bf16 autocast on
 CUDA (fp32 master weights, fp32 loss) and never on the CPU, so a CPU run is plain fp32 and bit-reproducible.
-The choice is hardware-dependent, so callers log ``describe_device`` as tags: a number without its device is
+The choice is hardware-dependent, so callers log ``device_tags``: a number without its device is
 not comparable.
 """
 
@@ -47,7 +47,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def describe_device(cfg: TrainConfig) -> dict[str, str]:
+def device_tags(cfg: TrainConfig) -> dict[str, str]:
     """String tags naming the hardware and precision a trial with ``cfg`` runs on (for MLflow tags)."""
     device = resolve_device(cfg)
     dtype = autocast_dtype(cfg, device)

@@ -6,7 +6,7 @@
 - ``digits``: scikit-learn's bundled handwritten digits (1797 8x8 grey images), resized and made RGB, so the whole
   pipeline runs offline on a laptop CPU. The split is stratified with a fixed seed recorded in the manifest.
 
-Only the prepare stage needs this module (and torchvision / scikit-learn); trials read ``pipeline.data``.
+Only the prepare stage needs this module (and torchvision / scikit-learn); trials read ``pipeline.data.prepared``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import check_integrity, extract_archive
 
 from pipeline.config import DataConfig
-from pipeline.data import PreparedData
+from pipeline.data.prepared import PreparedData
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,74 @@
+"""What a sweep would run, where, and whether it can: the trial grid, the checks made before Ray starts, the dry run.
+
+Everything here runs in the driver before any trial: ``preflight`` catches what would otherwise fail only after Ray
+has started and the MLflow parent run exists, and ``format_plan`` is what ``python -m stages.tune --dry-run`` prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+
+from pipeline.config import Params
+from pipeline.io import check_creatable_dir
+from pipeline.sweep import tracking
+from pipeline.sweep.identity import experiment_name, prepared_data_hash
+from pipeline.sweep.session import check_fits, local_capacity, ray_address
+
+METRIC, MODE = "test_acc", "max"  # the one place the sweep's objective is named (ASHA, best trial)
+
+
+def storage_dir(params: Params, project_root: Path) -> Path:
+    """Absolute Ray results dir: a relative ``sweep.storage_path`` resolves against the project root."""
+    path = Path(params.sweep.storage_path).expanduser()
+    return (path if path.is_absolute() else project_root / path).resolve()
+
+
+def trial_grid(params: Params) -> list[dict[str, Any]]:
+    """One row per trial (variants x seeds), with the resources each one asks Ray for."""
+    resources = params.sweep.resources.model_dump()
+    return [{"variant": v, "seed": s, **resources} for s in params.sweep.seeds for v in params.sweep.variants]
+
+
+def preflight(params: Params, project_root: Path) -> None:
+    """What would otherwise fail only after Ray has started and the MLflow parent run exists, checked first and
+    reported naming the key: a local machine too small for one trial, storage that cannot hold the Ray results,
+    a tracking server that does not answer."""
+    if ray.is_initialized():  # ray_session will use this Ray as it is
+        available = ray.cluster_resources()
+        check_fits(params.sweep, available.get("CPU", 0), available.get("GPU", 0), "the running Ray")
+    elif ray_address(params.sweep) is None:  # a cluster (or its autoscaler) decides for itself
+        check_fits(params.sweep, *local_capacity(), "this machine (a local Ray)")
+    try:
+        check_creatable_dir(storage_dir(params, project_root))
+    except ValueError as err:
+        raise ValueError(f"sweep.storage_path: {err}") from None
+    tracking.check_reachable(tracking.tracking_uri(params.tracking, project_root))
+
+
+def format_plan(params: Params, project_root: Path) -> str:
+    """The dry run, human-readable: the trial grid, resources, and where it would run and be recorded."""
+    data = project_root / params.data.prepared_dir
+    data_hash = prepared_data_hash(params, project_root)
+    path = storage_dir(params, project_root) / experiment_name(params, data_hash or "missing")
+    address = ray_address(params.sweep)
+    grid = trial_grid(params)
+    lines = [f"{'variant':<20} {'seed':>4} {'cpu':>5} {'gpu':>5}"]
+    lines += [f"{t['variant']:<20} {t['seed']:>4} {t['cpu']:>5g} {t['gpu']:>5g}" for t in grid]
+    asha = params.sweep.asha
+    scheduler = f"ASHA (grace {asha.grace_period}, reduction {asha.reduction_factor})" if asha.enabled else "none"
+    state = "would RESTORE the interrupted sweep" if tune.Tuner.can_restore(str(path)) else "new"
+    lines += [
+        "",
+        f"trials: {len(grid)}, {params.train.epochs} epochs each, "
+        f"at most {params.sweep.max_concurrent_trials} at a time, {params.sweep.max_failures} retries each",
+        f"scheduler: {scheduler}, on {METRIC} ({MODE})",
+        f"ray: {'attach to the cluster at ' + address if address else 'start a local Ray on this machine'}",
+        f"ray results: {path} ({state})",
+        f"mlflow: {tracking.tracking_uri(params.tracking, project_root)}, experiment {params.tracking.experiment!r}",
+        f"data: {data} ({'content ' + data_hash[:12] if data_hash else 'MISSING: run the prepare stage'})",
+    ]
+    return "\n".join(lines)

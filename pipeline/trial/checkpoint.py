@@ -1,0 +1,152 @@
+"""The checkpoint of a trial: its format, writing and loading, the model it holds, and the RNG state it carries.
+
+A checkpoint directory holds ``checkpoint.pt`` (weights, optimiser, schedule, epoch, every RNG state, the model and
+train configs, heads per layer, metrics so far, image shape and class count) and, for Gaussian heads,
+``head_history.json`` (each head's centre and ``Sigma^-1`` per epoch, epoch 0 = initialisation). Everything in
+``checkpoint.pt`` is a tensor or plain data, so it loads with ``torch.load(weights_only=True)``: opening a checkpoint
+never runs pickled code. Prune and analysis read checkpoints through this module without the training loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from pipeline.config import ModelConfig, TrainConfig
+from pipeline.models import build_model
+from pipeline.trial.report import CHECKPOINT_FILE, HEAD_HISTORY_FILE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trial:
+    """Everything that changes during a trial and is checkpointed."""
+
+    model: nn.Module
+    optimizer: torch.optim.SGD
+    scheduler: LambdaLR
+    generator: torch.Generator  # shuffling and augmentation (CPU)
+    runner: nn.Module | None = None  # what forward passes call: ``model`` or its torch.compile wrapper
+    epoch: int = 0  # completed epochs
+    metrics_history: list[dict[str, float]] = field(default_factory=list)
+    head_history: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.runner is None:
+            self.runner = self.model
+
+
+def head_snapshot(model: nn.Module, epoch: int) -> dict[str, Any] | None:
+    """Every head's centre and ``Sigma^-1`` per layer (Figure 2's trajectories); None if it has none."""
+    geometry = model.head_geometry() if hasattr(model, "head_geometry") else None
+    if geometry is None:
+        return None
+    layers = [{key: value.float().cpu().tolist() for key, value in layer.items()} for layer in geometry]
+    return {"epoch": epoch, "layers": layers}
+
+
+def rng_state(generator: torch.Generator, device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"data": generator.get_state(), "torch": torch.get_rng_state()}
+    if device.type == "cuda":  # the training device's only: a resume may see fewer GPUs (Ray assigns one)
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict[str, Any], generator: torch.Generator, device: torch.device) -> None:
+    generator.set_state(state["data"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    elif device.type == "cuda":  # a CPU checkpoint continued on a GPU: not bit-exact anyway, say so
+        log.warning("checkpoint has no CUDA RNG state (written on the CPU); CUDA dropout continues from the seed")
+
+
+def heads_of(model: nn.Module) -> list[int] | None:
+    """Heads per layer of a self-attention model (pruned models differ from the config); None for ResNet."""
+    heads = getattr(model, "heads_per_layer", None)
+    return list(heads) if heads is not None else None
+
+
+def write_checkpoint(
+    directory: Path, trial: Trial, model_cfg: ModelConfig, train_cfg: TrainConfig, data_info: dict[str, Any]
+) -> None:
+    """``checkpoint.pt`` (loads with ``weights_only=True``) and, for Gaussian heads, ``head_history.json``."""
+    device = next(trial.model.parameters()).device
+    payload = {
+        "model": trial.model.state_dict(),
+        "optimizer": trial.optimizer.state_dict(),
+        "scheduler": trial.scheduler.state_dict(),
+        "epoch": trial.epoch,
+        "rng": rng_state(trial.generator, device),
+        "model_config": model_cfg.model_dump(),
+        "train_config": train_cfg.model_dump(),
+        "heads_per_layer": heads_of(trial.model),
+        "metrics_history": [dict(m) for m in trial.metrics_history],
+        **data_info,  # image_shape, num_classes
+    }
+    torch.save(payload, directory / CHECKPOINT_FILE)
+    if trial.head_history:
+        (directory / HEAD_HISTORY_FILE).write_text(json.dumps(trial.head_history))
+
+
+def load_checkpoint(checkpoint_dir: Path) -> dict:
+    """The contents of ``checkpoint.pt`` in ``checkpoint_dir``, tensors on the CPU."""
+    path = Path(checkpoint_dir) / CHECKPOINT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no checkpoint (expected a directory written by a trial)")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_head_history(checkpoint_dir: Path) -> list[dict[str, Any]]:
+    """Per-epoch head geometry recorded so far; empty for models without Gaussian heads."""
+    path = Path(checkpoint_dir) / HEAD_HISTORY_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def build_for_data(
+    model_cfg: ModelConfig, image_shape: Sequence[int], num_classes: int, heads_per_layer: list[int] | None
+) -> nn.Module:
+    channels, size, _ = image_shape
+    return build_model(
+        model_cfg, image_size=size, in_channels=channels, num_classes=num_classes, heads_per_layer=heads_per_layer
+    )
+
+
+def model_from_checkpoint(checkpoint_dir: Path) -> nn.Module:
+    """The checkpoint's model (its own config and heads per layer, e.g. pruned), on the CPU, in eval mode."""
+    checkpoint = load_checkpoint(checkpoint_dir)
+    model_cfg = ModelConfig.model_validate(checkpoint["model_config"])
+    model = build_for_data(
+        model_cfg, checkpoint["image_shape"], checkpoint["num_classes"], checkpoint["heads_per_layer"]
+    )
+    model.load_state_dict(checkpoint["model"])
+    return model.eval()
+
+
+def save_model_checkpoint(
+    directory: Path,
+    model: nn.Module,
+    model_cfg: ModelConfig,
+    *,
+    image_shape: tuple[int, int, int],
+    num_classes: int,
+) -> None:
+    """A weights-only checkpoint (e.g. of a pruned model) for ``init_from`` and ``model_from_checkpoint``."""
+    payload = {
+        "model": model.state_dict(),
+        "model_config": model_cfg.model_dump(),
+        "heads_per_layer": heads_of(model),
+        "image_shape": list(image_shape),
+        "num_classes": num_classes,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, directory / CHECKPOINT_FILE)

@@ -1,0 +1,17 @@
+"""What a trial hands to the driver: the keys of its per-epoch report and the files of its checkpoint directory.
+
+The contract between the worker (``pipeline.trial``) and the driver (``pipeline.sweep``): the driver logs these
+metrics to MLflow and finds these files in a trial's checkpoint, without importing the training code or torch.
+"""
+
+from __future__ import annotations
+
+# Every epoch's report, in order. ``epoch`` counts completed epochs (an int, from 1) and is the MLflow step.
+METRIC_KEYS = (
+    "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s",
+)  # fmt: skip
+# Where the trial runs (node, device, precision), reported under this key and logged as run tags.
+WHERE_KEY = "trial_tags"
+
+CHECKPOINT_FILE = "checkpoint.pt"
+HEAD_HISTORY_FILE = "head_history.json"
