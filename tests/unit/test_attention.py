@@ -166,3 +166,14 @@ def test_probabilities_are_float32_and_unchanged_under_bf16_autocast(name: str) 
         mixed = layer.attention_probs(GRID)
     assert mixed.dtype == torch.float32
     assert torch.equal(mixed, exact)
+
+
+def test_a_local_layer_without_heads_matches_the_dense_one() -> None:
+    from pipeline.models.local_attention import LocalMultiHeadSelfAttention
+
+    dense = MultiHeadSelfAttention(QuadraticEncoding(0), in_dim=5, out_dim=7)
+    with torch.no_grad():
+        dense.value.bias.normal_()
+    local = LocalMultiHeadSelfAttention.from_dense(dense, window_eps=1e-3)
+    x = torch.randn(2, 12, 5)
+    torch.testing.assert_close(local(x, GRID), dense.value.bias.expand(2, 12, 7))
