@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from numbers import Integral
+
 from torch import nn
 
 from pipeline.config import ModelConfig
@@ -20,7 +22,8 @@ def build_model(
 ) -> nn.Module:
     """The model described by ``cfg`` for images of ``in_channels x image_size x image_size``.
 
-    ``heads_per_layer`` overrides ``cfg.heads`` layer by layer (a pruned model); its length must be ``cfg.layers``.
+    ``heads_per_layer`` overrides ``cfg.heads`` layer by layer (a pruned model); its length must be ``cfg.layers``,
+    and a layer may have 0 heads (pruned to its value bias, see ``pipeline.models.attention``).
     """
     if cfg.arch == "resnet18":
         from pipeline.models.resnet import ResNet18  # torchvision costs ~1.3 s to import: only when a ResNet is built
@@ -29,6 +32,8 @@ def build_model(
     heads = heads_per_layer if heads_per_layer is not None else [cfg.heads] * cfg.layers
     if len(heads) != cfg.layers:
         raise ValueError(f"heads_per_layer has {len(heads)} entries for {cfg.layers} layers")
+    if any(isinstance(h, bool) or not isinstance(h, Integral) or h < 0 for h in heads):
+        raise ValueError(f"heads_per_layer must hold integers >= 0 (0: a layer without heads), got {heads}")
     grid = image_size // cfg.downsample
     encodings = [
         build_encoding(

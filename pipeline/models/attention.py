@@ -9,6 +9,9 @@ makes the convolution construction of Theorem 1 exact (see ``conv_to_attention.p
 
 Because the scores depend on positions only, the (H, N, N) attention probabilities are computed once per forward
 pass and applied to the whole batch as one matmul, never once per image.
+
+A layer may have **no heads** (pruned to zero, App. A.1): ``value`` is then ``Linear(0, out_dim)`` and the layer
+returns its bias at every token, exactly what the layer computed when all its heads' value columns were zero.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pipeline.models.positional import PositionalEncoding
+from pipeline.models.positional import PositionalEncoding, head_linear
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -34,7 +37,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.encoding = encoding
         self.in_dim = in_dim
         self.out_dim = out_dim if out_dim is not None else in_dim
-        self.value = nn.Linear(encoding.num_heads * in_dim, self.out_dim, bias=bias)  # W_out, all heads' W(h)
+        self.value = head_linear(encoding.num_heads * in_dim, self.out_dim, bias=bias)  # W_out, all heads' W(h)
         self.attention_dropout = nn.Dropout(attention_dropout)
 
     @property
@@ -57,12 +60,23 @@ class MultiHeadSelfAttention(nn.Module):
         H = self.num_heads  # noqa: N806
         assert N == grid[0] * grid[1], f"{N} tokens do not fill a {grid} grid"
         assert D == self.in_dim, f"expected {self.in_dim} features, got {D}"
+        if H == 0:
+            return self.headless(x)
         probs = self.attention_dropout(self.attention_probs(grid)).to(x.dtype)  # (H, N, N)
         # One (H*N, N) @ (N, B*D) matmul for the whole batch: every image shares the same probabilities.
         values = x.transpose(0, 1).reshape(N, B * D)  # (N, B*D)
         mixed = (probs.reshape(H * N, N) @ values).view(H, N, B, D)  # (H, N, B, D)
         heads = mixed.permute(2, 1, 0, 3).reshape(B, N, H * D)  # (B, N, H*D), head-major blocks
         return self.value(heads)  # (B, N, out_dim)
+
+    def headless(self, x: Tensor) -> Tensor:
+        """The output of a layer without heads: ``value`` of zero features, i.e. its bias at every token.
+
+        Goes through ``value`` (not a bare ``bias.expand``) so autocast, ``bias=False`` and the bias's gradient
+        behave as for a layer with heads; the empty matmul costs no FLOPs.
+        """
+        assert self.num_heads == 0, f"headless() called on a layer with {self.num_heads} heads"
+        return self.value(x.new_zeros(*x.shape[:-1], 0))  # (B, N, out_dim)
 
     def attention_map(self, query: tuple[int, int], grid: tuple[int, int]) -> Tensor:
         """Each head's attention probabilities for one query pixel, as images: (H, rows, cols)."""
@@ -80,16 +94,17 @@ class MultiHeadSelfAttention(nn.Module):
     def prune_heads(self, keep: list[int]) -> None:
         """Physically remove the heads not in ``keep``: their encoding parameters and their value columns.
 
-        Removing head h is the same as zeroing its ``in_dim`` input columns of ``value`` (tested).
+        Removing head h is the same as zeroing its ``in_dim`` input columns of ``value`` (tested). ``keep`` may be
+        empty: the layer then keeps only ``value``'s bias (see the module docstring).
         """
-        if not keep:
-            raise ValueError("cannot prune every head of a layer")
         if sorted(set(keep)) != sorted(keep) or not all(0 <= h < self.num_heads for h in keep):
             raise ValueError(f"keep must list distinct heads in 0..{self.num_heads - 1}, got {keep}")
         keep = sorted(keep)
-        columns = torch.cat([torch.arange(h * self.in_dim, (h + 1) * self.in_dim) for h in keep])
+        columns = torch.tensor(
+            [c for h in keep for c in range(h * self.in_dim, (h + 1) * self.in_dim)], dtype=torch.long
+        )  # (len(keep) * in_dim,), empty when no head is kept
         old = self.value
-        new = nn.Linear(len(keep) * self.in_dim, self.out_dim, bias=old.bias is not None).to(old.weight)
+        new = head_linear(len(keep) * self.in_dim, self.out_dim, bias=old.bias is not None).to(old.weight)
         with torch.no_grad():
             new.weight.copy_(old.weight[:, columns.to(old.weight.device)])
             if old.bias is not None:

@@ -147,6 +147,8 @@ class LocalMultiHeadSelfAttention(MultiHeadSelfAttention):
         H = self.num_heads  # noqa: N806
         assert N == grid[0] * grid[1], f"{N} tokens do not fill a {grid} grid"
         assert D == self.in_dim, f"expected {self.in_dim} features, got {D}"
+        if H == 0:  # a layer pruned to no heads: no windows to plan
+            return self.headless(x)
         probs = self.attention_probs(grid)  # (H, N, N)
         plan = plan_windows(probs.detach(), self.window_eps)
         probs = self.attention_dropout(probs)  # same draws as the dense layer's

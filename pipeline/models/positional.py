@@ -14,6 +14,8 @@ Adding an encoding means adding a class and one entry in ``ENCODINGS``; the atte
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 
@@ -26,6 +28,16 @@ def relative_offsets(rows: int, cols: int, device: torch.device | None = None) -
     r, c = torch.meshgrid(torch.arange(rows, device=device), torch.arange(cols, device=device), indexing="ij")
     pos = torch.stack([r.flatten(), c.flatten()], dim=-1)  # (N, 2)
     return pos[None, :, :] - pos[:, None, :]  # (N, N, 2): key minus query
+
+
+def head_linear(in_features: int, out_features: int, *, bias: bool = True) -> nn.Linear:
+    """``nn.Linear`` with one side sized by the head count, which may be 0 (a layer pruned to no heads).
+
+    Only silences torch's warning that initialising the empty weight is a no-op: there is nothing to initialise.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+        return nn.Linear(in_features, out_features, bias=bias)
 
 
 class PositionalEncoding(nn.Module):
@@ -133,8 +145,8 @@ class LearnedRelativeEncoding(PositionalEncoding):
         self.max_grid = max_grid
         self.row_embedding = nn.Embedding(2 * max_grid - 1, dim)
         self.col_embedding = nn.Embedding(2 * max_grid - 1, dim)
-        self.row_heads = nn.Linear(dim, num_heads, bias=False)
-        self.col_heads = nn.Linear(dim, num_heads, bias=False)
+        self.row_heads = head_linear(dim, num_heads, bias=False)
+        self.col_heads = head_linear(dim, num_heads, bias=False)
 
     def scores(self, grid: tuple[int, int]) -> Tensor:
         if max(grid) > self.max_grid:
@@ -148,7 +160,7 @@ class LearnedRelativeEncoding(PositionalEncoding):
     def prune(self, keep: list[int]) -> None:
         for name in ("row_heads", "col_heads"):
             old: nn.Linear = getattr(self, name)
-            new = nn.Linear(old.in_features, len(keep), bias=False).to(old.weight)
+            new = head_linear(old.in_features, len(keep), bias=False).to(old.weight)
             new.weight.data.copy_(old.weight.data[keep])
             setattr(self, name, new)
         self.num_heads = len(keep)

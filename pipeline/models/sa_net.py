@@ -63,7 +63,8 @@ class TransformerLayer(nn.Module):
 class SelfAttentionNet(nn.Module):
     """Fully-attentional classifier. ``encodings`` gives one positional encoding per layer (its head count).
 
-    Layers may have different head counts, which is what a pruned model is.
+    Layers may have different head counts, which is what a pruned model is, down to none (the layer's attention
+    branch is then its value bias, then Dense, residual and LayerNorm, then the FFN as usual).
     """
 
     def __init__(

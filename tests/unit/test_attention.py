@@ -100,10 +100,41 @@ def test_pruning_a_head_equals_zeroing_its_value_columns(enc) -> None:
 
 def test_prune_rejects_bad_head_lists() -> None:
     layer = MultiHeadSelfAttention(QuadraticEncoding(3), in_dim=4)
-    with pytest.raises(ValueError, match="cannot prune every head"):
-        layer.prune_heads([])
     with pytest.raises(ValueError, match="distinct heads"):
         layer.prune_heads([0, 0, 5])
+    with pytest.raises(ValueError, match="distinct heads"):
+        layer.prune_heads([3])
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_pruning_every_head_leaves_the_value_bias_as_zeroed_columns_would(name: str) -> None:
+    """App. A.1 can empty a layer: with all value columns zero the branch is the bias, and so it stays."""
+    torch.manual_seed(0)
+    enc = build_encoding(name, 4, max_grid=4, learned_dim=6)
+    layer = MultiHeadSelfAttention(enc, in_dim=5, out_dim=7).double().eval()
+    x = torch.randn(2, 12, 5, dtype=torch.float64)
+    with torch.no_grad():
+        layer.value.weight.zero_()
+    expected = layer(x, GRID)
+    layer.prune_heads([])
+    assert layer.num_heads == 0 and layer.value.weight.shape == (7, 0)
+    out = layer(x, GRID)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out, layer.value.bias.expand(2, 12, 7))
+    assert layer.attention_map((0, 0), GRID).shape == (0, *GRID)
+
+
+@pytest.mark.filterwarnings("error:Initializing zero-element tensors")
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_a_layer_built_without_heads_trains_its_bias(name: str) -> None:
+    layer = MultiHeadSelfAttention(build_encoding(name, 0, max_grid=4, learned_dim=6), in_dim=5, out_dim=7)
+    assert layer.encoding.scores(GRID).shape == (0, 12, 12)
+    out = layer(torch.randn(2, 12, 5), GRID)
+    assert out.shape == (2, 12, 7)
+    out.sum().backward()
+    torch.testing.assert_close(layer.value.bias.grad, torch.full((7,), 24.0))
+    no_bias = MultiHeadSelfAttention(build_encoding(name, 0, max_grid=4, learned_dim=6), in_dim=5, bias=False)
+    assert torch.equal(no_bias(torch.randn(2, 12, 5), GRID), torch.zeros(2, 12, 5))
 
 
 def test_attention_map_rows_are_probabilities() -> None:
@@ -135,3 +166,14 @@ def test_probabilities_are_float32_and_unchanged_under_bf16_autocast(name: str) 
         mixed = layer.attention_probs(GRID)
     assert mixed.dtype == torch.float32
     assert torch.equal(mixed, exact)
+
+
+def test_a_local_layer_without_heads_matches_the_dense_one() -> None:
+    from pipeline.models.local_attention import LocalMultiHeadSelfAttention
+
+    dense = MultiHeadSelfAttention(QuadraticEncoding(0), in_dim=5, out_dim=7)
+    with torch.no_grad():
+        dense.value.bias.normal_()
+    local = LocalMultiHeadSelfAttention.from_dense(dense, window_eps=1e-3)
+    x = torch.randn(2, 12, 5)
+    torch.testing.assert_close(local(x, GRID), dense.value.bias.expand(2, 12, 7))

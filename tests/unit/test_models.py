@@ -50,7 +50,6 @@ def _on_fake_device(model: torch.nn.Module, mode: FakeTensorMode, device: str) -
     return model
 
 
-@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")  # the pruned layer without heads
 @pytest.mark.parametrize(
     ("name", "heads_per_layer"),
     [(name, None) for name in sorted(PAPER_VARIANTS)]
@@ -147,3 +146,23 @@ def test_attention_maps_and_head_geometry_for_figures() -> None:
     geometry = model.head_geometry()
     assert geometry[0]["centres"].shape == (9, 2) and geometry[0]["sigma_inv"].shape == (9, 2, 2)
     assert build_model(_variant(SMALL, "sa_learned_9"), image_size=8).head_geometry() is None
+
+
+def test_a_model_with_a_headless_layer_counts_reports_and_decays() -> None:
+    """A layer pruned to no heads (App. A.1) still runs, counts, draws and trains like the others."""
+    cfg = _variant(SMALL, "sa_generalized_9")
+    full, pruned = build_model(cfg, image_size=8), build_model(cfg, image_size=8, heads_per_layer=[9, 0])
+    hidden, tokens = SMALL.hidden, 4 * 4
+    assert count_parameters(full) - count_parameters(pruned) == 9 * (6 + hidden * hidden)  # S, Delta, value columns
+    assert count_flops(full, (3, 8, 8)).paper - count_flops(pruned, (3, 8, 8)).paper == 9 * 2 * tokens * hidden**2
+    geometry = pruned.head_geometry()
+    assert geometry[1]["centres"].shape == (0, 2) and geometry[1]["sigma_inv"].shape == (0, 2, 2)
+    assert [m.shape for m in pruned.attention_maps((0, 0))] == [(9, 4, 4), (0, 4, 4)]
+    assert "layers.1.attention.encoding.centres" in pruned.no_weight_decay()
+    pruned(torch.randn(2, 3, 8, 8)).sum().backward()
+    assert pruned.layers[1].attention.value.bias.grad is not None
+
+
+def test_build_model_refuses_negative_head_counts() -> None:
+    with pytest.raises(ValueError, match=">= 0"):
+        build_model(_variant(SMALL, "sa_quadratic_9"), image_size=8, heads_per_layer=[2, -1])
