@@ -219,8 +219,8 @@ def accuracy_curves(
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, color="0.9")
-    ax.set_title(title + (" (band: min-max over seeds)" if frame.groupby("variant")["seed"].nunique().gt(1).any()
-                          else "") if "seed" in frame and len(frame) else title)  # fmt: skip
+    several_seeds = "seed" in frame and bool(len(frame)) and frame.groupby("variant")["seed"].nunique().gt(1).any()
+    ax.set_title(title + (" (band: min-max over seeds)" if several_seeds else ""))
     if len(frame):
         ax.legend(loc="lower right", fontsize=9)
     return fig
@@ -240,8 +240,8 @@ def theorem_error(points: pd.DataFrame | Sequence[tuple[float, float]], title: s
     ax.set_ylabel("max |MHSA(X) - Conv(X)|")
     ax.grid(True, which="both", color="0.9")
     zeros = len(frame) - len(positive)
-    ax.set_title((title or "Theorem 1: attention converges to convolution") + (f"\n({zeros} exact zeros)" if zeros
-                                                                                 else ""))  # fmt: skip
+    heading = title or "Theorem 1: attention converges to convolution"
+    ax.set_title(heading + (f"\n({zeros} exact zeros not drawn)" if zeros else ""))
     ax.legend()
     return fig
 
