@@ -116,7 +116,8 @@ def head_contours(
     attention, centre dotted; ``pruned`` (layer, head) pairs (0-based) drawn grey dashed with an x.
 
     ``geometry`` is ``model.head_geometry()`` or a head-history snapshot's ``layers``: per layer
-    ``{"centres": (H, 2), "sigma_inv": (H, 2, 2)}``.
+    ``{"centres": (H, 2), "sigma_inv": (H, 2, 2)}``. The view is clipped at +-10.5 tokens so that one far head
+    does not shrink every other one to a dot.
     """
     pruned = set(pruned)
     rows, cols = _grid_of(len(geometry))
