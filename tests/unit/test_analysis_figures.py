@@ -1,0 +1,126 @@
+"""Every figure renders to a real PNG with a title, from the inputs the analysis stage will hand it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from matplotlib.figure import Figure
+from matplotlib.image import imread
+
+from analysis import figures
+from analysis.geometry import distance_by_epoch, heads_frame
+from pipeline.config import PAPER_VARIANTS, ModelConfig
+from pipeline.models import build_model
+from pipeline.models.conv_to_attention import theorem_error_vs_alpha
+from pipeline.train import head_snapshot
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _model(variant: str, layers: int = 3):
+    torch.manual_seed(0)
+    cfg = PAPER_VARIANTS[variant].apply(ModelConfig(hidden=8, layers=layers, ffn=8, learned_dim=4))
+    return build_model(cfg, image_size=16)
+
+
+def _history(model, epochs: int = 3) -> list[dict]:
+    history = []
+    for epoch in range(epochs):
+        history.append(head_snapshot(model, epoch))
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.attention.encoding.centres.mul_(1.2)
+    return history
+
+
+def _titles(fig: Figure) -> str:
+    suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""
+    return suptitle + "".join(ax.get_title() for ax in fig.axes)
+
+
+def _check_png(fig: Figure, path: Path, min_size: tuple[int, int] = (300, 250)) -> None:
+    assert _titles(fig).strip(), "figure has no title"
+    figures.save(fig, path)
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    height, width = imread(path).shape[:2]
+    assert width >= min_size[0] and height >= min_size[1]
+    assert width <= 3000 and height <= 3000  # ~120 dpi, not a poster
+
+
+def test_head_trajectories(tmp_path: Path) -> None:
+    fig = figures.head_trajectories(_history(_model("sa_quadratic_9")), layer=1)
+    assert "layer 2" in fig.axes[0].get_title() and "epochs 0-2" in fig.axes[0].get_title()
+    assert len(fig.axes[0].get_legend().get_texts()) == 9 + 3  # heads, query pixel, start, end
+    _check_png(fig, tmp_path / "fig2.png")
+
+
+def test_head_contours_mark_pruned_heads(tmp_path: Path) -> None:
+    model = _model("sa_generalized_9", layers=6)
+    fig = figures.head_contours(model.head_geometry(), pruned={(0, 1), (5, 8)})
+    assert len(fig.axes) == 6 and [ax.get_title() for ax in fig.axes][:2] == ["layer 1", "layer 2"]
+    dashed_grey = [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == "--"]
+    assert len(dashed_grey) == 2  # the pruned head's 50% and 90% contours
+    assert "pruned head" in [t.get_text() for t in fig.legends[0].get_texts()]
+    _check_png(fig, tmp_path / "fig3.png", min_size=(900, 600))
+
+
+def test_head_contours_of_a_flat_head_skip_its_contour(tmp_path: Path) -> None:
+    geometry = [{"centres": np.array([[0.0, 1.0], [2.0, 2.0]]), "sigma_inv": np.stack([np.eye(2), np.zeros((2, 2))])}]
+    fig = figures.head_contours(geometry)
+    assert len([ln for ln in fig.axes[0].get_lines() if len(ln.get_xdata()) > 1]) == 2  # only head 1's two rings
+    _check_png(fig, tmp_path / "flat.png")
+
+
+def test_attention_maps_of_the_learned_encoding(tmp_path: Path) -> None:
+    model = _model("sa_learned_9")
+    fig = figures.attention_maps(model.attention_maps((3, 4)), (3, 4))
+    assert len(fig.axes) == 3 * 9
+    assert "(3, 4)" in fig._suptitle.get_text()
+    _check_png(fig, tmp_path / "fig6.png")
+
+
+def test_accuracy_curves_continue_the_pruned_model(tmp_path: Path) -> None:
+    rows = [
+        {"variant": v, "seed": s, "epoch": e, "test_acc": 0.5 + 0.01 * e + 0.01 * s}
+        for v in ("sa_quadratic_9", "sa_generalized_9")
+        for s in range(2)
+        for e in range(1, 11)
+    ]
+    rows += [{"variant": "sa_generalized_9_pruned", "seed": 0, "epoch": e, "test_acc": 0.6} for e in range(1, 4)]
+    fig = figures.accuracy_curves(pd.DataFrame(rows), offsets={"sa_generalized_9_pruned": 10})
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    pruned = lines["sa_generalized_9_pruned (n=1)"]
+    assert list(pruned.get_xdata()) == [11, 12, 13]
+    np.testing.assert_allclose(lines["sa_quadratic_9 (n=2)"].get_ydata()[0], 100 * 0.515)  # mean over seeds
+    assert "band" in fig.axes[0].get_title()
+    _check_png(fig, tmp_path / "fig4.png")
+
+
+def test_theorem_error(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    points = theorem_error_vs_alpha(torch.nn.Conv2d(2, 2, 3, padding=1), torch.randn(1, 2, 5, 5), [0.5, 5, 50])
+    fig = figures.theorem_error(points + [(1e4, 0.0)])
+    assert fig.axes[0].get_xscale() == "log" and fig.axes[0].get_yscale() == "log"
+    assert "1 exact zeros not drawn" in fig.axes[0].get_title()
+    _check_png(fig, tmp_path / "theorem1.png")
+
+
+def test_attention_distance_curves(tmp_path: Path) -> None:
+    frames = []
+    for variant in ("sa_quadratic_9", "sa_generalized_9"):
+        model = _model(variant)
+        frames.append(distance_by_epoch(_history(model), model.grid).assign(variant=variant))
+    fig = figures.attention_distance_curves(pd.concat(frames), labels={"sa_quadratic_9": "SA quadratic"})
+    assert fig.axes[0].get_title() == "SA quadratic" and len(fig.axes[0].get_lines()) == 3
+    _check_png(fig, tmp_path / "distance.png")
+
+
+@pytest.mark.parametrize("variant", ["sa_quadratic_9", "sa_learned_9"])
+def test_convolution_likeness(variant: str, tmp_path: Path) -> None:
+    fig = figures.convolution_likeness(heads_frame(_model(variant)))
+    assert len(fig.axes[0].texts) == 3 * 9  # one annotation per head
+    _check_png(fig, tmp_path / "convlike.png")
