@@ -176,7 +176,7 @@ def heads_frame(model: SelfAttentionNet, margin: int = 2) -> pd.DataFrame:
 
 
 def history_frame(head_history: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """A training run's head history (``pipeline.train.head_snapshot`` per epoch, epoch 0 = init) as one row per
+    """A training run's head history (``head_snapshot`` per epoch, epoch 0 = init) as one row per
     (epoch, layer, head): epoch, layer, head, centre_row, centre_col. Empty (same columns) for no history."""
     rows = [
         {"epoch": int(snap["epoch"]), "layer": layer_idx, "head": head, "centre_row": c[0], "centre_col": c[1]}

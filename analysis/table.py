@@ -15,11 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.reference import PAPER_FIGURES  # the one import to change when the module moves
-
-# The sweep's label for a trial that trained all its epochs (``pipeline.tracking.FINISHED``; not imported: that
-# module loads MLflow and Ray). Other labels (early_stopped, error, interrupted) do not count as a final result.
-FINISHED = "finished"
+from pipeline.measure.reference import PAPER_FIGURES
+from pipeline.sweep.manifest import FINISHED  # a trial that trained all its epochs; other labels are no final result
 
 RUN_COLUMNS = [
     "variant", "seed", "status", "test_acc", "best_test_acc", "epochs", "params", "flops_paper", "flops_full",

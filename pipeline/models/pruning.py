@@ -7,7 +7,7 @@ says what it attends to. The paper prunes a head when ``Sigma^-1``
 - has condition number (largest / smallest eigenvalue) > ``max_condition``: the Gaussian is a stripe, an infinitely
   long line of pixels. The authors' code used 1e3; the paper's text says 1e5.
 
-In its 6-layer x 9-head generalized model this cut (2, 4, 1, 2, 6, 0) heads per layer (``reference.py``). Isotropic
+In its 6-layer x 9-head generalized model this cut (2, 4, 1, 2, 6, 0) heads per layer. Isotropic
 heads have condition number 1, so only the first rule can cut them; the learned encoding and ResNet have no
 ``Sigma^-1`` and are refused.
 

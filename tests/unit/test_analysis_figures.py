@@ -16,7 +16,7 @@ from analysis.geometry import distance_by_epoch, heads_frame
 from pipeline.config import PAPER_VARIANTS, ModelConfig
 from pipeline.models import build_model
 from pipeline.models.conv_to_attention import theorem_error_vs_alpha
-from pipeline.train import head_snapshot
+from pipeline.trial.checkpoint import head_snapshot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -23,7 +23,7 @@ from analysis.geometry import (
 from pipeline.config import PAPER_VARIANTS, ModelConfig
 from pipeline.models import build_model
 from pipeline.models.positional import relative_offsets
-from pipeline.train import head_snapshot
+from pipeline.trial.checkpoint import head_snapshot
 
 SIGMA = np.array([[4.0, 1.2], [1.2, 1.0]])  # a tilted, anisotropic covariance
 CENTRE = np.array([1.5, -2.0])

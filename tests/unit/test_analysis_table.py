@@ -22,7 +22,7 @@ from analysis.table import (
     write_metrics,
     write_table,
 )
-from pipeline.reference import PAPER_FIGURES
+from pipeline.measure.reference import PAPER_FIGURES
 
 SETTING = {"dataset": "digits", "image_size": 16, "epochs": 4, "widths": {"hidden": 32, "ffn": 64}}
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.config import PAPER_VARIANTS, ModelConfig
-from pipeline.counting import count_flops, count_parameters
+from pipeline.measure.counting import count_flops, count_parameters
+from pipeline.measure.reference import PAPER_FIGURES, PAPER_PRUNED_HEADS
 from pipeline.models import build_model
 from pipeline.models.pruning import (
     HeadDecision,
@@ -20,7 +21,6 @@ from pipeline.models.pruning import (
     prune_model,
     pruned_per_layer,
 )
-from pipeline.reference import PAPER_FIGURES, PAPER_PRUNED_HEADS
 
 SMALL = ModelConfig(hidden=16, layers=3, ffn=24, learned_dim=8, resnet_width=4)
 HEADS = 4
@@ -236,7 +236,7 @@ def test_the_papers_cut_gives_the_papers_pruned_size() -> None:
 
 
 def test_a_pruned_checkpoint_with_a_headless_layer_loads_with_the_same_logits(tmp_path) -> None:
-    from pipeline.train import model_from_checkpoint, save_model_checkpoint
+    from pipeline.trial.checkpoint import model_from_checkpoint, save_model_checkpoint
 
     cfg = _cfg("sa_generalized_9")
     model = _model("sa_generalized_9")
