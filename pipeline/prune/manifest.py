@@ -1,0 +1,113 @@
+"""The prune stage's manifest: its schema, writer and reader.
+
+``results/prune/manifest.json`` is the prune stage's DVC output and the analysis stage's input: per pruned model, the
+run it came from (``source_run_id``), its fine-tuning run (``run_id``, a child of the ``prune-<hash>`` parent run),
+which heads were cut and why (``decisions``), what that saved (params and FLOPs before and after, both FLOP
+conventions) and what it cost (test accuracy before pruning, right after pruning, after fine-tuning). Imports neither
+Ray nor MLflow, so every stage can read it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from pipeline.io import write_json_atomic
+
+STAGE = "prune"
+FLOP_CONVENTIONS = {
+    "paper": "2 x MACs of the Linear/Conv layers on the image (the paper's 6.2B / 4.9B), per image",
+    "full": "every matmul, attention-weighted sums included, per image",
+}
+
+
+@dataclass
+class PrunedModel:
+    """One pruned and fine-tuned model."""
+
+    source_run_id: str
+    source_trial_id: str
+    variant: str
+    seed: int
+    run_id: str | None  # the fine-tuning run (None: it never started)
+    run_name: str | None
+    status: str  # as in the tune manifest: finished | error | interrupted
+    epochs_completed: int  # fine-tuning epochs
+    pruned_heads: list[int]  # heads cut per layer, e.g. [2, 4, 1, 2, 6, 0]
+    heads_per_layer: list[int]  # heads left per layer
+    params_before: int
+    params_after: int
+    flops_before: dict[str, int]  # {"paper": ..., "full": ...} (FLOP_CONVENTIONS)
+    flops_after: dict[str, int]
+    acc_before_pruning: float  # the source checkpoint, evaluated here
+    acc_after_pruning: float  # the pruned model before any fine-tuning (MLflow step 0)
+    acc_after_finetune: float | None  # the last fine-tuning epoch
+    pruned_checkpoint_dir: str  # the pruned weights fine-tuning started from
+    checkpoint_dir: str | None  # the last fine-tuning checkpoint
+    decisions: list[list[dict[str, Any]]]  # per layer and head: eigenvalues, criteria, cut or kept and why
+    metrics: dict[str, float] = field(default_factory=dict)  # the last fine-tuning epoch's report
+
+
+@dataclass
+class PruneManifest:
+    """``results/prune/manifest.json``."""
+
+    experiment_name: str  # prune-<hash>: the Ray experiment and the MLflow parent run's name
+    ray_experiment_path: str
+    tune_experiment_name: str  # the sweep the sources come from
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    rule: dict[str, Any]  # mode, thresholds or fraction, lr_factor, epochs
+    models: list[PrunedModel]
+    skipped: list[dict[str, str]] = field(default_factory=list)  # {"variant", "seed", "run_id", "reason"}
+    flop_conventions: dict[str, str] = field(default_factory=lambda: dict(FLOP_CONVENTIONS))
+    stage: str = STAGE
+
+    def metrics_summary(self) -> dict[str, dict[str, float]]:
+        """Per pruned variant (``<variant>_pruned``), for ``dvc metrics show``: accuracies at the three moments,
+        parameters and paper-convention FLOPs after pruning, averaged over seeds."""
+        per_variant: dict[str, list[PrunedModel]] = {}
+        for model in self.models:
+            if model.acc_after_finetune is not None:
+                per_variant.setdefault(f"{model.variant}_pruned", []).append(model)
+        summary = {}
+        for name, models in sorted(per_variant.items()):
+            n = len(models)
+            summary[name] = {
+                "acc_before_pruning": sum(m.acc_before_pruning for m in models) / n,
+                "acc_after_pruning": sum(m.acc_after_pruning for m in models) / n,
+                "test_acc": sum(m.acc_after_finetune or 0.0 for m in models) / n,
+                "params": sum(m.params_after for m in models) / n,
+                "flops_paper": sum(m.flops_after["paper"] for m in models) / n,
+                "seeds": n,
+            }
+        return summary
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def write_prune_manifest(path: Path, manifest: PruneManifest) -> None:
+    write_json_atomic(path, manifest.to_json())
+
+
+def read_prune_manifest(path: Path) -> PruneManifest:
+    """The manifest at ``path``; a missing, unreadable or incomplete file raises naming the file and what to do."""
+    path = Path(path)
+    hint = "run the prune stage first (`dvc repro prune`)"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no prune manifest; {hint}")
+    try:
+        raw = json.loads(path.read_text())
+        models = [PrunedModel(**_known(PrunedModel, model)) for model in raw["models"]]
+        return PruneManifest(**{**_known(PruneManifest, raw), "models": models})
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a prune manifest ({type(err).__name__}: {err}); {hint}") from None
+
+
+def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in raw.items() if k in names}
