@@ -82,9 +82,17 @@ class SweepOutcome:
         )  # fmt: skip
 
 
-def _tuner(
-    params: Params, data: PreparedData, path: Path, callback: tracking.MlflowTrialCallback, *, restore: bool
+def build_tuner(
+    params: Params,
+    data: PreparedData,
+    path: Path,
+    callback: tracking.MlflowTrialCallback,
+    *,
+    restore: bool,
+    trials: list[dict[str, Any]] | None = None,
 ) -> tune.Tuner:
+    """The Tuner of ``params.sweep``'s grid (variants x seeds), or of exactly the trial configs ``trials`` (the
+    prune stage's fine-tuning runs); restored from ``path`` when ``restore``."""
     # Checkpointing every epoch with num_to_keep forces a state snapshot every few reports; each takes milliseconds
     # here, but short epochs make Tune warn on every one. Only that warning is switched off (user's value wins).
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -103,20 +111,22 @@ def _tuner(
     scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=params.train.epochs,
                                grace_period=asha.grace_period, reduction_factor=asha.reduction_factor)
                  if asha.enabled else None)  # fmt: skip
+    space: dict[str, Any] = {"variant": tune.grid_search(list(params.sweep.variants)),
+                             "seed": tune.grid_search(list(params.sweep.seeds))}  # fmt: skip
+    if trials is not None:  # each listed config once: Tune runs points_to_evaluate first, one per sample
+        space = {key: None for trial in trials for key in trial}
+    space["fail_once_after_epoch"] = params.sweep.fail_once_after_epoch
     return tune.Tuner(
         trainable,
-        param_space={
-            "variant": tune.grid_search(list(params.sweep.variants)),
-            "seed": tune.grid_search(list(params.sweep.seeds)),
-            "fail_once_after_epoch": params.sweep.fail_once_after_epoch,
-        },
+        param_space=space,
         tune_config=tune.TuneConfig(
             metric=METRIC,
             mode=MODE,
-            scheduler=scheduler,
+            scheduler=scheduler if trials is None else None,
+            num_samples=1 if trials is None else len(trials),
             # max_concurrent here: TuneConfig.max_concurrent_trials is ignored with a search_alg instance.
             search_alg=BasicVariantGenerator(
-                random_state=params.seed, max_concurrent=params.sweep.max_concurrent_trials
+                points_to_evaluate=trials, random_state=params.seed, max_concurrent=params.sweep.max_concurrent_trials
             ),
             reuse_actors=True,  # a new trial reuses a finished trial's worker: no second torch import / spawn
         ),  # fmt: skip
@@ -149,13 +159,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
     )  # fmt: skip
     run_info = functools.partial(trial_run_info, params_json=params.model_dump(mode="json"))
     callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs)
-    try:
-        with ray_session(params.sweep):
-            results = _tuner(params, data, path, callback, restore=restored).fit()
-        records = _records(results, sweep)
-    except BaseException:  # a lost cluster, a second Ctrl-C, an MLflow error: never leave runs RUNNING
-        tracking.close_interrupted(sweep)
-        raise
+    records = fit_tracked(params, data, path, sweep, callback, restore=restored)
     outcome = SweepOutcome(name, str(path), restored, sweep, records, dict(callback.calls), callback.epochs_logged)
     if outcome.interrupted:
         closed = tracking.close_interrupted(sweep)
@@ -166,7 +170,28 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
     return outcome
 
 
-def _records(results: tune.ResultGrid, sweep: tracking.SweepRun) -> list[TrialRecord]:
+def fit_tracked(
+    params: Params,
+    data: PreparedData,
+    path: Path,
+    sweep: tracking.SweepRun,
+    callback: tracking.MlflowTrialCallback,
+    *,
+    restore: bool,
+    trials: list[dict[str, Any]] | None = None,
+) -> list[TrialRecord]:
+    """Run the Tuner in a Ray session and read back one record per trial; whatever stops it, no run stays RUNNING."""
+    try:
+        with ray_session(params.sweep):
+            results = build_tuner(params, data, path, callback, restore=restore, trials=trials).fit()
+        return trial_records(results, sweep)
+    except BaseException:  # a lost cluster, a second Ctrl-C, an MLflow error: never leave runs RUNNING
+        tracking.close_interrupted(sweep)
+        raise
+
+
+def trial_records(results: tune.ResultGrid, sweep: tracking.SweepRun) -> list[TrialRecord]:
+    """One record per trial of ``results``, with its MLflow run (found by trial id, else by its variant/seed tags)."""
     runs = tracking.child_runs(sweep)
     by_variant_seed = {(run.data.tags.get("variant"), run.data.tags.get("seed")): run for run in runs.values()}
     records = []

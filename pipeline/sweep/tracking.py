@@ -21,7 +21,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,10 @@ class TrialInfo:
     run_name: str
     params: dict[str, str]
     tags: dict[str, str]
+    # Logged once with the new run: metrics at step 0 (before any training, e.g. a pruned model's accuracy) and JSON
+    # artifacts by file name (e.g. the pruning decisions).
+    start_metrics: dict[str, float] = field(default_factory=dict)
+    start_artifacts: dict[str, Any] = field(default_factory=dict)
 
 
 class CountingClient:
@@ -94,6 +98,18 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     except (OSError, ValueError, http.client.HTTPException) as err:  # refused, timeout, DNS, 4xx/5xx, a bad URL
         problem = str(err)
     raise ValueError(f"tracking.uri: no MLflow server answers at {uri}/health ({problem}); start one or fix the URI")
+
+
+def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> None:
+    """Every run a manifest names must still be in the tracking store (runs deleted or a different store: refuse)."""
+    client = MlflowClient(uri)
+    for run_id in run_ids:
+        try:
+            deleted = client.get_run(str(run_id)).info.lifecycle_stage == "deleted"
+        except MlflowException:
+            deleted = True
+        if deleted:
+            raise ValueError(f"{manifest}: run {run_id} is not in the MLflow store at {uri} (deleted?)")
 
 
 def artifact_root(uri: str, project_root: Path) -> str | None:
@@ -285,7 +301,14 @@ class MlflowTrialCallback(Callback):
             "tune.status": "running",
         }  # fmt: skip
         run = self.client.create_run(self.sweep.experiment_id, run_name=described.run_name, tags=tags)
-        self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in described.params.items()])
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run.info.run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in described.start_metrics.items()],
+            params=[Param(k, v) for k, v in described.params.items()],
+        )
+        for name, payload in described.start_artifacts.items():
+            self.client.log_dict(run.info.run_id, payload, name)
         self.runs[trial.trial_id] = run.info.run_id
         log.info("MLflow: trial %s -> run %s (%s)", trial.trial_id, run.info.run_id, described.run_name)
 

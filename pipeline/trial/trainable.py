@@ -29,7 +29,12 @@ class InjectedFailure(RuntimeError):
 
 
 def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[str, Any]) -> None:
-    """One Tune trial: typed config from the trial's dict, resume from Tune's checkpoint, report every epoch."""
+    """One Tune trial: typed config from the trial's dict, resume from Tune's checkpoint, report every epoch.
+
+    ``config["init_from"]`` (optional) names a checkpoint directory whose weights and heads per layer start the trial,
+    e.g. a pruned model to fine-tune; it must be readable from every node (shared storage). A retried or restored
+    trial resumes from its own checkpoint instead.
+    """
     params = parse_params(params_json, "trial params")
     model_cfg = params.model_for(config["variant"])
     train_cfg = params.train.model_copy(update={"seed": config["seed"]})
@@ -50,4 +55,5 @@ def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[st
         resume_from = None
         if checkpoint is not None:  # a copy: Tune may delete old checkpoints (num_to_keep) while we train
             resume_from = Path(checkpoint.to_directory(tmp))
-        run_trial(model_cfg, train_cfg, data, reporter, resume_from=resume_from)
+        init_from = Path(config["init_from"]) if config.get("init_from") and resume_from is None else None
+        run_trial(model_cfg, train_cfg, data, reporter, resume_from=resume_from, init_from=init_from)

@@ -44,6 +44,12 @@ def test_tune_stage_depends_on_exactly_the_trial_code() -> None:
     assert sorted(code_deps) == sorted(TRIAL_CODE)
 
 
+def test_prune_stage_depends_on_the_trial_code_and_the_tune_manifest() -> None:
+    code_deps = [d for d in STAGES["prune"]["deps"] if d.startswith("pipeline/")]
+    assert sorted(code_deps) == sorted(TRIAL_CODE)
+    assert "results/tune/manifest.json" in STAGES["prune"]["deps"]
+
+
 def test_everything_a_trial_imports_is_trial_code() -> None:
     # A worker imports the trainable and unpickles the prepared data; nothing else of the project.
     imported = _project_modules_imported_by("pipeline.trial.trainable", "pipeline.data.prepared")

@@ -1,0 +1,134 @@
+"""Which trained models the prune stage prunes, which of their heads go, and what that saves: decided before Ray starts.
+
+Reads the tune manifest, refuses a stale one (it names another sweep than the current params, trial code and data
+give) and one whose runs or checkpoints are gone, selects the finished trials of ``prune.variants``, and for each
+loads its last checkpoint, applies the pruning rule (``pipeline.models.pruning``) and counts parameters and FLOPs
+before and after. ``--dry-run`` prints this plan; the stage then evaluates and saves each pruned model and fine-tunes
+it (``pipeline.prune.run``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from pipeline.config import Params
+from pipeline.measure.counting import count_flops, count_parameters
+from pipeline.models.pruning import covariance_geometry, head_decisions, prune_model, pruned_per_layer
+from pipeline.sweep.identity import experiment_name, prepared_data_hash
+from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest
+from pipeline.trial.checkpoint import load_checkpoint, model_from_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrunePlan:
+    """One source trial, pruned in memory (not yet evaluated, saved or fine-tuned)."""
+
+    source: TrialRecord
+    model: nn.Module  # the pruned model, on the CPU, eval mode
+    image_shape: tuple[int, int, int]
+    num_classes: int
+    decisions: list[list[dict[str, Any]]]
+    pruned_heads: list[int]
+    heads_per_layer: list[int]
+    params_before: int
+    params_after: int
+    flops_before: dict[str, int]
+    flops_after: dict[str, int]
+
+    @property
+    def key(self) -> str:
+        return f"{self.source.variant}-seed{self.source.seed}"
+
+
+def check_fresh(params: Params, manifest: TuneManifest, manifest_path: Path, project_root: Path) -> None:
+    """The tune manifest must describe the sweep that the current params, trial code and prepared data define."""
+    data_hash = prepared_data_hash(params, project_root)
+    expected = experiment_name(params, data_hash or "missing")
+    if manifest.experiment_name != expected:
+        raise ValueError(
+            f"{manifest_path}: stale tune manifest: it names sweep {manifest.experiment_name}, but the current params, "
+            f"trial code and prepared data define {expected}; run `dvc repro` (it re-runs the tune stage first)"
+        )
+
+
+def select_sources(params: Params, manifest: TuneManifest) -> tuple[list[TrialRecord], list[dict[str, str]]]:
+    """The finished trials of the variants to prune, and every other trial of those variants with the reason."""
+    wanted = params.prune_variants()
+    sources, skipped = [], []
+    for trial in manifest.trials:
+        if trial.variant not in wanted:
+            continue
+        if trial.status == FINISHED and trial.checkpoint_dir:
+            sources.append(trial)
+        else:
+            reason = f"trial status {trial.status!r} (only finished trials are pruned)"
+            skipped.append({"variant": trial.variant, "seed": str(trial.seed), "run_id": str(trial.run_id),
+                            "reason": reason})  # fmt: skip
+    return sources, skipped
+
+
+def check_sources_exist(sources: list[TrialRecord], manifest_path: Path) -> None:
+    """Every source checkpoint must still be on disk (sweep.storage_path), before any expensive work."""
+    for trial in sources:
+        checkpoint = Path(str(trial.checkpoint_dir)) / "checkpoint.pt"
+        if not checkpoint.is_file():
+            raise FileNotFoundError(
+                f"{manifest_path}: trial {trial.variant} seed {trial.seed} names checkpoint {checkpoint}, which no "
+                "longer exists (were the Ray results under sweep.storage_path deleted?); re-run the tune stage"
+            )
+
+
+def plan_pruning(params: Params, source: TrialRecord) -> PrunePlan:
+    """Load the source's last checkpoint, decide which heads go, prune them, count before and after."""
+    cfg = params.prune
+    checkpoint_dir = Path(str(source.checkpoint_dir))
+    saved = load_checkpoint(checkpoint_dir)
+    image_shape = tuple(int(v) for v in saved["image_shape"])
+    model = model_from_checkpoint(checkpoint_dir)
+    try:
+        geometry = covariance_geometry(model)
+    except ValueError as err:
+        raise ValueError(f"prune.variants: {source.variant}: {err}") from None
+    decisions = head_decisions(geometry, mode=cfg.mode, min_eigenvalue=cfg.min_eigenvalue,
+                               max_condition=cfg.max_condition, fraction=cfg.fraction)  # fmt: skip
+    params_before, flops_before = count_parameters(model), count_flops(model, image_shape)
+    prune_model(model, decisions)
+    flops_after = count_flops(model, image_shape)
+    return PrunePlan(
+        source=source, model=model.eval(), image_shape=image_shape, num_classes=int(saved["num_classes"]),
+        decisions=[[d.to_dict() for d in layer] for layer in decisions], pruned_heads=pruned_per_layer(decisions),
+        heads_per_layer=list(model.heads_per_layer), params_before=params_before,
+        params_after=count_parameters(model),
+        flops_before={"paper": flops_before.paper, "full": flops_before.full},
+        flops_after={"paper": flops_after.paper, "full": flops_after.full},
+    )  # fmt: skip
+
+
+def format_plans(plans: list[PrunePlan], skipped: list[dict[str, str]], params: Params) -> str:
+    """The dry run: per model, the heads cut per layer and why, and the parameters and FLOPs it saves."""
+    cfg = params.prune
+    rule = (f"threshold (the paper's): largest eigenvalue < {cfg.min_eigenvalue:g} or condition number > "
+            f"{cfg.max_condition:g}" if cfg.mode == "threshold"
+            else f"fraction (ours): per layer the {cfg.fraction:g} most degenerate heads, at least one")  # fmt: skip
+    lines = [f"rule: {rule}", f"fine-tuning: {cfg.epochs} epochs at lr {params.train.lr * cfg.lr_factor:g}", ""]
+    for plan in plans:
+        lines.append(f"{plan.key} (run {plan.source.run_id}): heads cut per layer {plan.pruned_heads}, "
+                     f"left {plan.heads_per_layer}")  # fmt: skip
+        for layer in plan.decisions:
+            lines += [f"    layer {d['layer'] + 1} head {d['head']}: {d['reason']}" for d in layer if d["pruned"]]
+        lines.append(
+            f"    params {plan.params_before:,} -> {plan.params_after:,}; FLOPs/image (paper convention) "
+            f"{plan.flops_before['paper']:,} -> {plan.flops_after['paper']:,}; full count "
+            f"{plan.flops_before['full']:,} -> {plan.flops_after['full']:,}"
+        )
+    lines += [f"skipped {s['variant']} seed {s['seed']}: {s['reason']}" for s in skipped]
+    if not plans:
+        lines.append(f"nothing to prune: no finished trial of {params.prune_variants() or 'any Gaussian variant'}")
+    return "\n".join(lines)

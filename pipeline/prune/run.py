@@ -1,0 +1,168 @@
+"""Prune and fine-tune: each planned model is evaluated right after pruning, saved, and fine-tuned as a Ray Tune trial.
+
+Fine-tuning goes through the sweep's own machinery (``pipeline.sweep.run``): the same trainable (started from the
+pruned weights, ``init_from``), retries from checkpoints, restore after Ctrl-C, GPU resources per trial, one MLflow
+child run per model under a ``prune-<hash>`` parent run in the sweep's experiment. Each child run starts at step 0
+with the accuracy right after pruning, so the MLflow UI shows the dip and the recovery on one chart (the paper's
+Fig. 8), and carries the per-head decisions as a JSON artifact. The source run is tagged with its pruned child.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+from ray import tune
+
+from pipeline.config import AshaConfig, Params, params_hash, parse_params
+from pipeline.data.prepared import PreparedData
+from pipeline.prune.manifest import STAGE, PrunedModel, PruneManifest
+from pipeline.prune.plan import PrunePlan
+from pipeline.sweep import tracking
+from pipeline.sweep.identity import code_hash
+from pipeline.sweep.manifest import ERROR, INTERRUPTED, TrialRecord, TuneManifest
+from pipeline.sweep.plan import storage_dir
+from pipeline.sweep.run import fit_tracked, trial_run_info
+from pipeline.trial.checkpoint import save_model_checkpoint
+from pipeline.trial.device import resolve_device
+from pipeline.trial.loop import DeviceData, evaluate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PruneOutcome:
+    manifest: PruneManifest
+    interrupted: bool = False
+    failed: bool = False
+
+
+def finetune_params(params: Params) -> Params:
+    """The sweep's params as the fine-tuning trials see them: lr x ``prune.lr_factor``, ``prune.epochs`` epochs, no
+    ASHA (every pruned model trains to the end)."""
+    cfg = params.prune
+    train = params.train.model_copy(update={"lr": params.train.lr * cfg.lr_factor, "epochs": cfg.epochs})
+    sweep = params.sweep.model_copy(update={"asha": AshaConfig(enabled=False)})
+    return parse_params(params.model_copy(update={"train": train, "sweep": sweep}).model_dump(mode="json"))
+
+
+def prune_name(params: Params, tune_manifest: TuneManifest, plans: list[PrunePlan]) -> str:
+    """``prune-<hash>`` of what the pruned models depend on: the source sweep and runs, the prune params, the trial
+    code (the pruning rule lives in ``pipeline/models``). Not where it runs or is stored."""
+    identity = {
+        "sweep": tune_manifest.experiment_name,
+        "sources": sorted(plan.source.run_id or plan.key for plan in plans),
+        "prune": params.prune.model_dump(mode="json"),
+        "code": code_hash(),
+    }
+    return f"{STAGE}-{params_hash(identity)}"
+
+
+def finetune_run_info(
+    config: dict[str, Any], params_json: dict[str, Any], plans: dict[str, dict]
+) -> tracking.TrialInfo:
+    """The fine-tuning run of one pruned model: the trial's run info plus where it came from and what was cut."""
+    info = trial_run_info(config, params_json)
+    plan = plans[f"{config['variant']}-seed{config['seed']}"]
+    per_layer = {f"prune.pruned_heads.layer{i + 1}": str(n) for i, n in enumerate(plan["pruned_heads"])}
+    return tracking.TrialInfo(
+        run_name=f"{info.run_name}-pruned",
+        params={**info.params, **per_layer, "prune.heads_per_layer": str(plan["heads_per_layer"]),
+                "prune.source_run_id": plan["source_run_id"]},
+        tags={**info.tags, "source_run_id": plan["source_run_id"], "prune.pruned_heads": str(plan["pruned_heads"])},
+        start_metrics={"test_acc": plan["acc_after_pruning"], "test_loss": plan["loss_after_pruning"]},
+        start_artifacts={"pruning_decisions.json": plan["decisions"]},
+    )  # fmt: skip
+
+
+def _evaluate(plan: PrunePlan, data: DeviceData, params: Params) -> tuple[float, float]:
+    """Test loss and accuracy of the pruned model before any fine-tuning (the dip of Fig. 8)."""
+    device = data.test_labels.device
+    model = plan.model.to(device)
+    loss, accuracy = evaluate(model, data.test_images, data.test_labels, data, params.train.eval_batch_size, None)
+    plan.model = model.cpu()
+    return loss, accuracy
+
+
+def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manifest: TuneManifest,
+              plans: list[PrunePlan], skipped: list[dict[str, str]]) -> PruneOutcome:  # fmt: skip
+    """Evaluate, save and fine-tune every planned model; the manifest names each fine-tuning run."""
+    rule = {**params.prune.model_dump(mode="json"), "finetune_lr": params.train.lr * params.prune.lr_factor}
+    if not plans:
+        log.info("nothing to prune (no finished trial of %s)", params.prune_variants())
+        empty = PruneManifest("", "", tune_manifest.experiment_name, tune_manifest.tracking_uri,
+                              tune_manifest.experiment_id, "", rule, [], skipped)  # fmt: skip
+        return PruneOutcome(empty)
+    name = prune_name(params, tune_manifest, plans)
+    path = storage_dir(params, project_root) / name
+    device = resolve_device(params.train)
+    on_device = DeviceData.from_prepared(data, device)
+    summaries: dict[str, dict] = {}
+    trials = []
+    for plan in plans:
+        loss, accuracy = _evaluate(plan, on_device, params)
+        pruned_dir = path / "pruned" / plan.key
+        save_model_checkpoint(pruned_dir, plan.model, params.model_for(plan.source.variant),
+                              image_shape=plan.image_shape, num_classes=plan.num_classes)  # fmt: skip
+        log.info("%s: heads cut per layer %s; params %s -> %s; test acc %.4f -> %.4f right after pruning", plan.key,
+                 plan.pruned_heads, f"{plan.params_before:,}", f"{plan.params_after:,}",
+                 plan.source.metrics.get("test_acc", float("nan")), accuracy)  # fmt: skip
+        summaries[plan.key] = {
+            "source_run_id": str(plan.source.run_id), "pruned_heads": plan.pruned_heads,
+            "heads_per_layer": plan.heads_per_layer, "acc_after_pruning": accuracy, "loss_after_pruning": loss,
+            "decisions": plan.decisions, "pruned_dir": str(pruned_dir),
+        }  # fmt: skip
+        trials.append({"variant": plan.source.variant, "seed": plan.source.seed, "init_from": str(pruned_dir)})
+
+    tuned = finetune_params(params)
+    uri = tune_manifest.tracking_uri
+    experiment = MlflowClient(uri).get_experiment(tune_manifest.experiment_id).name
+    commit = tracking.git_commit(project_root)
+    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix(f"{STAGE}-"), "git_commit": commit,
+                 "mlflow.source.git.commit": commit}  # fmt: skip
+    sweep = tracking.open_sweep_run(
+        uri, experiment, path, run_name=name,
+        tags={**base_tags, "ray.experiment_path": str(path), "sweep.role": "parent",
+              "prune.source_sweep_run_id": tune_manifest.parent_run_id},
+        params=tracking.flatten({"prune": rule, "sources": len(plans)}), project_root=project_root,
+    )  # fmt: skip
+    run_info = functools.partial(finetune_run_info, params_json=tuned.model_dump(mode="json"), plans=summaries)
+    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, tuned.train.epochs)
+    restore = tune.Tuner.can_restore(str(path))
+    records = fit_tracked(tuned, data, path, sweep, callback, restore=restore, trials=trials)
+    by_key = {f"{r.variant}-seed{r.seed}": r for r in records}
+    models = [_pruned_model(plan, summaries[plan.key], by_key.get(plan.key)) for plan in plans]
+    client = MlflowClient(uri)
+    for model in models:
+        if model.run_id and model.source_run_id:
+            client.set_tag(model.source_run_id, "prune.child_run_id", model.run_id)
+    manifest = PruneManifest(name, str(path), tune_manifest.experiment_name, uri, tune_manifest.experiment_id,
+                             sweep.parent_run_id, rule, models, skipped)  # fmt: skip
+    outcome = PruneOutcome(
+        manifest, any(m.status == INTERRUPTED for m in models), any(m.status == ERROR for m in models)
+    )
+    if outcome.interrupted:
+        closed = tracking.close_interrupted(sweep)
+        log.warning("fine-tuning interrupted: %d run(s) marked KILLED; re-run to restore it from %s", closed, path)
+    else:
+        tracking.finish_sweep(sweep, "FAILED" if outcome.failed else "FINISHED", {"prune.models": str(len(models))})
+    return outcome
+
+
+def _pruned_model(plan: PrunePlan, summary: dict, record: TrialRecord | None) -> PrunedModel:
+    metrics = record.metrics if record else {}
+    return PrunedModel(
+        source_run_id=str(plan.source.run_id), source_trial_id=plan.source.trial_id, variant=plan.source.variant,
+        seed=plan.source.seed, run_id=record.run_id if record else None, run_name=record.run_name if record else None,
+        status=record.status if record else INTERRUPTED, epochs_completed=record.epochs_completed if record else 0,
+        pruned_heads=plan.pruned_heads, heads_per_layer=plan.heads_per_layer, params_before=plan.params_before,
+        params_after=plan.params_after, flops_before=plan.flops_before, flops_after=plan.flops_after,
+        acc_before_pruning=float(plan.source.metrics.get("test_acc", float("nan"))),
+        acc_after_pruning=summary["acc_after_pruning"], acc_after_finetune=metrics.get("test_acc"),
+        pruned_checkpoint_dir=summary["pruned_dir"], checkpoint_dir=record.checkpoint_dir if record else None,
+        decisions=plan.decisions, metrics=metrics,
+    )  # fmt: skip

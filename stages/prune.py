@@ -1,0 +1,82 @@
+"""Prune the degenerate attention heads of the trained sweep's models, then fine-tune them (App. A.1 of the paper).
+
+Reads:  params.yaml sections prune (rule, thresholds or fraction, lr_factor, epochs), train, model, variants, sweep;
+        results/tune/manifest.json (the tune stage): the finished trials of prune.variants (default: every
+        generalized-quadratic variant) and their last checkpoints; data.prepared_dir (for evaluation and fine-tuning).
+Writes: results/prune/manifest.json  per pruned model: source and fine-tuning run ids, heads cut per layer and the
+                                     per-head decisions (eigenvalues, criteria, why), params and FLOPs before/after
+                                     (both conventions), test accuracy before pruning, right after, after fine-tuning
+        results/prune/metrics.json   those accuracies, params and FLOPs per pruned variant, for `dvc metrics show`
+Side effects: pruned checkpoints and Ray results under sweep.storage_path/prune-<hash>; MLflow runs (a prune-<hash>
+parent in the sweep's experiment, one child per model, metrics from step 0 = right after pruning).
+Refused before Ray starts: a missing or stale tune manifest, checkpoints that no longer exist, a variant without
+covariances (learned encoding, ResNet18). --dry-run prints which heads would go and what it saves; trains nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pipeline.config import Params
+from pipeline.io import write_json_atomic
+from pipeline.prune.manifest import write_prune_manifest
+from pipeline.sweep.manifest import read_tune_manifest
+from pipeline.sweep.session import keep_local_ray_on_loopback, ray_address
+from stages._cli import main_for, make_parser
+
+log = logging.getLogger("stages.prune")
+TUNE_MANIFEST = Path("results/tune/manifest.json")
+OUT_DIR = Path("results/prune")  # relative to the working directory, like every path in params.yaml
+
+
+def stage(args: argparse.Namespace, params: Params) -> int:
+    if ray_address(params.sweep) is None:
+        keep_local_ray_on_loopback()  # before Ray is imported
+    from pipeline.prune.plan import check_fresh, check_sources_exist, format_plans, plan_pruning, select_sources
+    from pipeline.sweep import tracking
+
+    root = Path.cwd()  # dvc runs stages from the repository root
+    manifest = read_tune_manifest(root / TUNE_MANIFEST)
+    check_fresh(params, manifest, TUNE_MANIFEST, root)
+    sources, skipped = select_sources(params, manifest)
+    check_sources_exist(sources, TUNE_MANIFEST)
+    if sources:
+        tracking.check_reachable(manifest.tracking_uri)
+        tracking.check_runs_exist(manifest.tracking_uri, [s.run_id for s in sources], TUNE_MANIFEST)
+    plans = [plan_pruning(params, source) for source in sources]
+    if args.dry_run:
+        print(format_plans(plans, skipped, params))
+        return 0
+    from pipeline.data.prepared import load_prepared
+    from pipeline.prune.run import run_prune
+
+    data = load_prepared(root / params.data.prepared_dir)
+    outcome = run_prune(params, data, root, manifest, plans, skipped)
+    if outcome.interrupted:
+        return 130
+    write_prune_manifest(OUT_DIR / "manifest.json", outcome.manifest)
+    write_json_atomic(OUT_DIR / "metrics.json", outcome.manifest.metrics_summary())
+    for model in outcome.manifest.models:
+        log.info("%s seed %d: heads cut %s, params %s -> %s, test acc %.4f before, %.4f right after pruning, %s after "
+                 "%d fine-tuning epochs", model.variant, model.seed, model.pruned_heads, f"{model.params_before:,}",
+                 f"{model.params_after:,}", model.acc_before_pruning, model.acc_after_pruning,
+                 f"{model.acc_after_finetune:.4f}" if model.acc_after_finetune is not None else "-",
+                 model.epochs_completed)  # fmt: skip
+    log.info("wrote %s", OUT_DIR / "manifest.json")
+    if outcome.failed:
+        log.error("some fine-tuning trials failed after their retries; re-run to resume them from their checkpoints")
+        return 1
+    return 0
+
+
+parser = make_parser(__doc__)
+parser.add_argument(
+    "--dry-run", action="store_true", help="print which heads would be cut and what it saves; train nothing"
+)
+main = main_for(stage, parser)
+
+if __name__ == "__main__":
+    sys.exit(main())

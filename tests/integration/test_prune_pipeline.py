@@ -1,0 +1,112 @@
+"""`dvc repro prune` on the tiny profile with a generalized-quadratic model: a real Ray, MLflow server and DVC.
+
+The sweep trains sa_generalized_9 (2 epochs), the prune stage cuts half the heads of every layer (fraction mode),
+evaluates the pruned model and fine-tunes it as a Tune trial; then the refusals that must come before Ray starts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import TYPE_CHECKING
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+if TYPE_CHECKING:
+    from conftest import Project
+
+pytestmark = pytest.mark.slow
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def pruned(project: Project) -> dict:
+    params = project.read_params()
+    original = (project.path / "params.yaml").read_text()
+    params["sweep"].update(variants=["sa_generalized_9"], fail_once_after_epoch=None)
+    params["prune"] = {**params["prune"], "mode": "fraction", "fraction": 0.5, "epochs": EPOCHS, "variants": None}
+    project.write_params(params)
+    try:
+        done = project.dvc("repro", "prune")
+        dry = project.run("python", "-m", "stages.prune", "--dry-run")
+        return {
+            "output": done.stdout + done.stderr,
+            "dry_run": dry.stdout,
+            "manifest": json.loads((project.path / "results/prune/manifest.json").read_text()),
+            "tune": json.loads((project.path / "results/tune/manifest.json").read_text()),
+            "metrics": json.loads((project.path / "results/prune/metrics.json").read_text()),
+            "params": params,
+        }
+    finally:
+        (project.path / "params.yaml").write_text(original)
+
+
+def test_prune_manifest_names_finished_fine_tuning_runs(pruned: dict) -> None:
+    manifest = pruned["manifest"]
+    client = MlflowClient(manifest["tracking_uri"])
+    parent = client.get_run(manifest["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.info.run_name == manifest["experiment_name"]
+    assert (
+        manifest["experiment_name"].startswith("prune-")
+        and manifest["experiment_id"] == pruned["tune"]["experiment_id"]
+    )
+    [model] = manifest["models"]
+    run = client.get_run(model["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow.parentRunId"] == manifest["parent_run_id"]
+    assert run.data.tags["source_run_id"] == model["source_run_id"]
+    source = client.get_run(model["source_run_id"])
+    assert source.data.tags["prune.child_run_id"] == model["run_id"]
+    steps = [m.step for m in client.get_metric_history(model["run_id"], "test_acc")]
+    assert sorted(steps) == list(range(EPOCHS + 1))  # step 0: right after pruning, then each fine-tuning epoch
+    step0 = next(m.value for m in client.get_metric_history(model["run_id"], "test_acc") if m.step == 0)
+    assert step0 == pytest.approx(model["acc_after_pruning"])
+    assert run.data.params["train.epochs"] == str(EPOCHS)
+    assert float(run.data.params["train.lr"]) == pytest.approx(0.1 * pruned["params"]["train"]["lr"])
+    assert run.data.params["prune.pruned_heads.layer1"] == str(model["pruned_heads"][0])
+    assert "pruning_decisions.json" in [a.path for a in client.list_artifacts(model["run_id"])]
+    runs = client.search_runs([manifest["experiment_id"]], f"tags.params_hash = '{manifest['experiment_name'][6:]}'")
+    assert len(runs) == 2  # the parent and one child: nothing duplicated
+
+
+def test_pruned_model_is_smaller_and_recorded_with_its_decisions(pruned: dict) -> None:
+    [model] = pruned["manifest"]["models"]
+    heads = pruned["params"]["variants"]["sa_generalized_9"]["heads"]
+    assert model["pruned_heads"] == [heads // 2] * pruned["params"]["model"]["layers"]
+    assert model["heads_per_layer"] == [heads - heads // 2] * pruned["params"]["model"]["layers"]
+    assert model["params_after"] < model["params_before"]
+    assert model["flops_after"]["paper"] < model["flops_before"]["paper"]
+    assert model["status"] == "finished" and model["epochs_completed"] == EPOCHS
+    for key in ("acc_before_pruning", "acc_after_pruning", "acc_after_finetune"):
+        assert 0.0 <= model[key] <= 1.0
+    cut = [d for layer in model["decisions"] for d in layer if d["pruned"]]
+    assert len(cut) == sum(model["pruned_heads"]) and all("most degenerate" in d["reason"] for d in cut)
+    assert pruned["metrics"]["sa_generalized_9_pruned"]["params"] == model["params_after"]
+    assert "heads cut per layer" in pruned["dry_run"] and f"{model['params_after']:,}" in pruned["dry_run"]
+
+
+def _refused(project: Project, params: dict) -> subprocess.CompletedProcess:
+    original = (project.path / "params.yaml").read_text()
+    project.write_params(params)
+    try:
+        return subprocess.run(["python", "-m", "stages.prune"], cwd=project.path, env=project.env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        (project.path / "params.yaml").write_text(original)
+
+
+def test_a_stale_tune_manifest_is_refused_before_ray(pruned: dict, project: Project) -> None:
+    params = json.loads(json.dumps(pruned["params"]))
+    params["train"]["lr"] = 0.05  # the manifest's sweep was trained at another lr
+    done = _refused(project, params)
+    assert done.returncode == 2 and "stale tune manifest" in done.stderr
+    assert "ray" not in done.stderr.lower().split("stale")[0]  # refused before Ray started
+
+
+def test_pruning_the_learned_encoding_is_refused(pruned: dict, project: Project) -> None:
+    params = json.loads(json.dumps(pruned["params"]))
+    params["sweep"]["variants"] = ["sa_generalized_9", "sa_learned_9"]
+    params["prune"]["variants"] = ["sa_learned_9"]
+    done = _refused(project, params)
+    assert done.returncode == 2 and "cannot prune 'sa_learned_9'" in done.stderr

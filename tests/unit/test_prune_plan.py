@@ -1,0 +1,115 @@
+"""The prune stage's planning, before Ray starts: config checks, source selection, refusals, the pruned plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, load_params, parse_params
+from pipeline.models import build_model
+from pipeline.prune.plan import check_fresh, check_sources_exist, format_plans, plan_pruning, select_sources
+from pipeline.prune.run import finetune_params, prune_name
+from pipeline.sweep.manifest import TrialRecord, TuneManifest
+from pipeline.trial.checkpoint import save_model_checkpoint
+
+PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+
+
+def _params(**prune: object) -> object:
+    raw = load_params(PARAMS).model_dump(mode="json")
+    raw["model"].update(hidden=8, layers=2, ffn=16, learned_dim=8)
+    raw["prune"].update(prune)
+    return parse_params(raw)
+
+
+def _trial(variant: str, seed: int, status: str = "finished", checkpoint: Path | None = None) -> TrialRecord:
+    return TrialRecord(f"t-{variant}-{seed}", f"run-{variant}-{seed}", f"{variant}-seed{seed}", variant, seed, status,
+                       4, {"test_acc": 0.5}, str(checkpoint) if checkpoint else None, None)  # fmt: skip
+
+
+def _manifest(trials: list[TrialRecord], name: str = "tune-abc") -> TuneManifest:
+    return TuneManifest("abc", name, "/ray/tune-abc", False, "test_acc", "max", "sqlite:///x.db", "1", "p", trials)
+
+
+def test_default_prunes_every_generalized_variant_of_the_sweep() -> None:
+    assert _params().prune_variants() == ["sa_generalized_9"]
+
+
+@pytest.mark.parametrize(
+    ("prune", "message"),
+    [
+        ({"variants": ["sa_learned_9"]}, "cannot prune 'sa_learned_9': its 'learned' encoding has no covariance"),
+        ({"variants": ["resnet18"]}, "cannot prune 'resnet18': ResNet18 has no attention heads"),
+        ({"variants": ["nope"]}, "prune.variants: 'nope' is not a variant of the sweep"),
+        ({"lr_factor": 0}, "prune.lr_factor"),
+        ({"fraction": 1.5}, "prune.fraction"),
+        ({"max_condition": 0.5}, "prune.max_condition"),
+        ({"min_eigenvalue": -1}, "prune.min_eigenvalue"),
+        ({"mode": "random"}, "prune.mode"),
+        ({"epochs": 0}, "prune.epochs"),
+    ],
+)
+def test_bad_prune_params_are_refused_naming_the_key(prune: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _params(**prune)
+
+
+def test_only_finished_trials_of_the_pruned_variants_are_selected(tmp_path: Path) -> None:
+    trials = [
+        _trial("sa_generalized_9", 0, checkpoint=tmp_path),
+        _trial("sa_generalized_9", 1, "error"),
+        _trial("sa_generalized_9", 2, "early_stopped", tmp_path),
+        _trial("sa_quadratic_9", 0, checkpoint=tmp_path),
+    ]
+    sources, skipped = select_sources(_params(), _manifest(trials))
+    assert [(s.variant, s.seed) for s in sources] == [("sa_generalized_9", 0)]
+    assert [(s["seed"], s["reason"].split(" (")[0]) for s in skipped] == [
+        ("1", "trial status 'error'"), ("2", "trial status 'early_stopped'")]  # fmt: skip
+
+
+def test_a_stale_tune_manifest_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="stale tune manifest: it names sweep tune-old"):
+        check_fresh(_params(), _manifest([], name="tune-old"), Path("results/tune/manifest.json"), tmp_path)
+
+
+def test_a_checkpoint_that_no_longer_exists_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no longer exists"):
+        check_sources_exist([_trial("sa_generalized_9", 0, checkpoint=tmp_path / "gone")], Path("m.json"))
+
+
+@pytest.mark.parametrize("mode", ["fraction", "threshold"])
+def test_plan_prunes_a_trained_checkpoint_and_counts_what_it_saves(tmp_path: Path, mode: str) -> None:
+    params = _params(mode=mode, fraction=0.5)
+    model_cfg = params.model_for("sa_generalized_9")
+    model = build_model(model_cfg, image_size=8)
+    if mode == "threshold":  # plant one uniform head in layer 2
+        model.layers[1].attention.encoding.sqrt_sigma_inv.data[3] = 1e-4
+    save_model_checkpoint(tmp_path, model, model_cfg, image_shape=(3, 8, 8), num_classes=10)
+    plan = plan_pruning(params, _trial("sa_generalized_9", 0, checkpoint=tmp_path))
+    expected = [4, 4] if mode == "fraction" else [0, 1]
+    assert plan.pruned_heads == expected and plan.heads_per_layer == [9 - n for n in expected]
+    assert plan.params_after < plan.params_before and plan.flops_after["paper"] < plan.flops_before["paper"]
+    per_head = 2 + 2 * 2 + 8 * 8  # centre, S, the head's value columns (hidden 8 -> 8)
+    assert plan.params_before - plan.params_after == sum(expected) * per_head
+    assert sum(d["pruned"] for layer in plan.decisions for d in layer) == sum(expected)
+    assert "heads cut per layer" in format_plans([plan], [], params)
+
+
+def test_fine_tuning_uses_the_prune_schedule_and_no_asha() -> None:
+    params = _params(lr_factor=0.1, epochs=3)
+    tuned = finetune_params(params)
+    assert tuned.train.lr == pytest.approx(params.train.lr * 0.1) and tuned.train.epochs == 3
+    assert not tuned.sweep.asha.enabled and tuned.model == params.model
+
+
+def test_prune_identity_changes_with_the_prune_params_only(tmp_path: Path) -> None:
+    class Plan:  # what prune_name reads of a plan
+        source = _trial("sa_generalized_9", 0)
+        key = "sa_generalized_9-seed0"
+
+    manifest = _manifest([])
+    name = prune_name(_params(), manifest, [Plan()])
+    assert name == prune_name(_params(), manifest, [Plan()]) and name.startswith("prune-")
+    assert prune_name(_params(fraction=0.5), manifest, [Plan()]) != name
+    assert prune_name(_params(), _manifest([], name="tune-other"), [Plan()]) != name
