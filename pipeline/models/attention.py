@@ -47,13 +47,15 @@ class MultiHeadSelfAttention(nn.Module):
     def attention_probs(self, grid: tuple[int, int]) -> Tensor:
         """Softmax over all keys (query included, no padding): (H, N, N), rows sum to 1.
 
-        Always float32, autocast or not: the scores depend on positions only, so this costs nothing next to the
-        batch, while bf16 scores (autocast runs the generalized and learned encodings' einsum/matmul in bf16) move
-        trained Gaussian heads' probabilities by ~1e-3 and would make precision depend on the encoding.
+        At least float32, autocast or not, and never below the model's own precision (a float64 model stays
+        float64): the scores depend on positions only, so this costs nothing next to the batch, while bf16 scores
+        (autocast runs the generalized and learned encodings' einsum/matmul in bf16) move trained Gaussian heads'
+        probabilities by ~1e-3 and would make precision depend on the encoding.
         """
         device_type = next(self.encoding.parameters()).device.type
         with torch.autocast(device_type, enabled=False):
-            return self.encoding.scores(grid).float().softmax(dim=-1)
+            scores = self.encoding.scores(grid)  # (H, N, N), in the encoding's parameter dtype
+            return scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1)
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         B, N, D = x.shape  # noqa: N806 (paper's symbols)

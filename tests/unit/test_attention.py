@@ -177,3 +177,13 @@ def test_a_local_layer_without_heads_matches_the_dense_one() -> None:
     local = LocalMultiHeadSelfAttention.from_dense(dense, window_eps=1e-3)
     x = torch.randn(2, 12, 5)
     torch.testing.assert_close(local(x, GRID), dense.value.bias.expand(2, 12, 7))
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_a_float64_model_keeps_float64_probabilities(name: str) -> None:
+    encoding = build_encoding(name, 4, max_grid=5, learned_dim=8).double()
+    layer = MultiHeadSelfAttention(encoding, 6).double()
+    probs = layer.attention_probs((5, 5))
+    reference = torch.softmax(encoding.scores((5, 5)), dim=-1)  # float64 throughout
+    assert probs.dtype == torch.float64
+    torch.testing.assert_close(probs, reference, rtol=0, atol=1e-12)
