@@ -1,0 +1,60 @@
+"""``results/report.md``: the setting, the accuracy table, and every figure with one sentence on what it shows and how
+it compares with the paper. Pure text: the numbers and sentences are computed by the caller (``analysis.study``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from analysis.table import describe_setting
+
+# The paper's setting (Section 4.1): what "paper scale" means.
+PAPER_SETTING = {"dataset": "cifar10", "image size": "32x32", "epochs": 300, "hidden": 400, "layers": 6}
+
+
+@dataclass(frozen=True)
+class FigureEntry:
+    """A figure of the report: its file (relative to the report), a title, and what it shows vs the paper."""
+
+    path: str
+    title: str
+    sentence: str
+
+
+def scale_note(setting: Mapping[str, Any]) -> str:
+    """``paper scale`` when the setting is the paper's, else ``smoke scale`` naming what differs."""
+    differs = [
+        f"{key} {setting.get(key, '?')} (paper: {value})"
+        for key, value in PAPER_SETTING.items()
+        if str(setting.get(key)) != str(value)
+    ]
+    return "paper scale" if not differs else "smoke scale, not the paper's: " + ", ".join(differs)
+
+
+def render_report(
+    setting: Mapping[str, Any],
+    table_markdown: str,
+    figures: Sequence[FigureEntry],
+    skipped: Sequence[str] = (),
+    run_notes: Sequence[str] = (),
+) -> str:
+    """The report as markdown; its first line states the setting and its scale."""
+    lines = [f"{describe_setting(setting)} ({scale_note(setting)}).", ""]
+    lines += ["# Reproduction of Cordonnier et al. (ICLR 2020): results", ""]
+    lines += ["## Accuracy and size (the paper's Figure 5 / Figure 9)", ""]
+    lines += [
+        "Final-epoch test accuracy averaged over seeds (± standard deviation when several); only runs that trained "
+        "all their epochs count. FLOPs are per image, in the paper's convention and in full.",
+        "",
+        table_markdown.strip(),
+        "",
+    ]
+    if run_notes:
+        lines += ["Runs with something missing:", ""] + [f"- {note}" for note in run_notes] + [""]
+    lines += ["## Figures", ""]
+    for entry in figures:
+        lines += [f"### {entry.title}", "", f"![{entry.title}]({entry.path})", "", entry.sentence, ""]
+    if skipped:
+        lines += ["## Figures not drawn", ""] + [f"- {reason}" for reason in skipped] + [""]
+    return "\n".join(lines).rstrip() + "\n"

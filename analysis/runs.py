@@ -1,0 +1,317 @@
+"""The runs a study's manifests name, fetched from MLflow: params, metrics, per-epoch curves and checkpoints.
+
+The only analysis module that imports MLflow. It fetches exactly the runs named in the tune manifest (and the prune
+manifest when there is one), by id, from the manifest's tracking URI, and downloads each run's ``checkpoint/``
+artifact (checkpoint.pt, head_history.json) through MLflow into a local folder: the manifests' local checkpoint
+paths are never read, so the analysis runs wherever the MLflow server can be reached (a workstation, not the
+cluster that trained). A run that is missing, failed, or has no usable checkpoint becomes a record with a
+``reason``, never an exception.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import math
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlflow.artifacts
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from torch import nn
+
+from analysis.table import RUN_COLUMNS
+from pipeline.measure.counting import count_flops, count_parameters
+from pipeline.prune.manifest import PruneManifest
+from pipeline.sweep.manifest import COMPLETED, TuneManifest
+from pipeline.trial.checkpoint import load_checkpoint, load_head_history, model_from_checkpoint
+from pipeline.trial.report import CHECKPOINT_FILE
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_ARTIFACT = "checkpoint"  # the folder pipeline.sweep.tracking uploads (checkpoint.pt, head_history.json)
+HISTORY_KEYS = ("test_acc", "train_loss")
+MISSING = "missing"  # status of a run the manifest names but MLflow does not have
+PRUNED_SUFFIX = "_pruned"
+CURVE_COLUMNS = ["variant", "seed", "epoch", "test_acc"]
+
+
+@dataclass
+class LoadedRun:
+    """One run named by a manifest, as fetched from MLflow (``reason`` says what is missing, None: nothing)."""
+
+    run_id: str | None
+    variant: str  # ``<source variant>_pruned`` for a pruned model
+    seed: int
+    status: str  # the manifest's label (finished, error, ...) or ``missing``
+    source: str  # "tune" | "prune"
+    reason: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)  # cast from MLflow's strings
+    history: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["epoch", *HISTORY_KEYS]))
+    test_acc: float = math.nan  # last epoch
+    best_test_acc: float = math.nan
+    epochs: float = math.nan  # last step logged (fine-tuning epochs for a pruned model)
+    checkpoint_dir: Path | None = None  # the downloaded artifact folder
+    model: nn.Module | None = None
+    image_shape: tuple[int, int, int] | None = None
+    head_history: list[dict[str, Any]] = field(default_factory=list)
+    n_params: float = math.nan
+    flops_paper: float = math.nan
+    flops_full: float = math.nan
+    source_run_id: str | None = None  # pruned: the tune run it came from
+    pruned_heads: set[tuple[int, int]] = field(default_factory=set)  # pruned: (layer, head) cut, 0-based
+
+    @property
+    def has_metrics(self) -> bool:
+        return math.isfinite(self.test_acc)
+
+    def note(self, text: str) -> None:
+        self.reason = text if self.reason is None else f"{self.reason}; {text}"
+
+
+@dataclass
+class LoadedStudy:
+    runs: list[LoadedRun]
+    tracking_uri: str
+    experiment_id: str
+    tune_parent_run_id: str
+    prune_parent_run_id: str | None
+
+    def frame(self) -> pd.DataFrame:
+        """One row per run: the table's columns (``analysis.table.RUN_COLUMNS``) plus run_id, source, reason."""
+        rows = [
+            {
+                "variant": r.variant,
+                "seed": r.seed,
+                "status": r.status,
+                "test_acc": r.test_acc,
+                "best_test_acc": r.best_test_acc,
+                "epochs": r.epochs,
+                "params": r.n_params,
+                "flops_paper": r.flops_paper,
+                "flops_full": r.flops_full,
+                "run_id": r.run_id,
+                "source": r.source,
+                "reason": r.reason or "",
+            }  # fmt: skip
+            for r in self.runs
+        ]
+        return pd.DataFrame(rows, columns=[*RUN_COLUMNS, "run_id", "source", "reason"])
+
+    def curves(self) -> pd.DataFrame:
+        """Test accuracy per epoch of the runs that completed: variant, seed, epoch, test_acc. A pruned model's
+        curve starts at epoch 0 (accuracy right after pruning, before fine-tuning)."""
+        frames = [
+            r.history[["epoch", "test_acc"]].dropna().assign(variant=r.variant, seed=r.seed)
+            for r in self.runs
+            if r.status in COMPLETED and len(r.history)
+        ]
+        if not frames:
+            return pd.DataFrame(columns=CURVE_COLUMNS)
+        curves = pd.concat(frames, ignore_index=True)[CURVE_COLUMNS]
+        return curves.astype({"seed": int, "epoch": int, "test_acc": float})
+
+    def by_variant(self, variant: str, usable: bool = True) -> list[LoadedRun]:
+        """Runs of ``variant``, lowest seed first; ``usable``: only completed ones with a loaded model."""
+        runs = [r for r in self.runs if r.variant == variant]
+        if usable:
+            runs = [r for r in runs if r.status in COMPLETED and r.model is not None]
+        return sorted(runs, key=lambda r: r.seed)
+
+    def run(self, run_id: str) -> LoadedRun | None:
+        return next((r for r in self.runs if r.run_id == run_id), None)
+
+
+def cast_param(value: str) -> Any:
+    """MLflow params are strings: ``"32"`` -> 32, ``"0.1"`` -> 0.1, ``"True"`` -> True, ``"None"`` -> None."""
+    special = {"True": True, "False": False, "None": None, "true": True, "false": False, "null": None}
+    if value in special:
+        return special[value]
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """An http(s) tracking server must answer ``/health``: MLflow's client would otherwise retry for minutes."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as reply:
+            if reply.status == 200:
+                return
+            problem = f"HTTP {reply.status}"
+    except (OSError, ValueError, http.client.HTTPException) as err:
+        problem = str(err)
+    raise ValueError(f"no MLflow server answers at {uri}/health ({problem}); the manifests' runs live there")
+
+
+def _history(client: MlflowClient, run_id: str) -> pd.DataFrame:
+    """Per step (= epoch) values of HISTORY_KEYS; the latest value when a step was logged twice."""
+    columns = {}
+    for key in HISTORY_KEYS:
+        points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+        columns[key] = pd.Series({m.step: m.value for m in points}, dtype=float)
+    frame = pd.DataFrame(columns).rename_axis("epoch").reset_index() if any(len(c) for c in columns.values()) else None
+    if frame is None:
+        return pd.DataFrame(columns=["epoch", *HISTORY_KEYS])
+    return frame.astype({"epoch": int}).sort_values("epoch", ignore_index=True)
+
+
+def _download_checkpoint(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) -> None:
+    """The run's ``checkpoint/`` artifact, downloaded through MLflow into ``cache_dir/<run id>/``, and its model."""
+    listed = [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(record.run_id, CHECKPOINT_ARTIFACT)]
+    if CHECKPOINT_FILE not in listed:
+        record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
+        return
+    destination = cache_dir / str(record.run_id)
+    destination.mkdir(parents=True, exist_ok=True)
+    local = mlflow.artifacts.download_artifacts(
+        run_id=record.run_id, artifact_path=CHECKPOINT_ARTIFACT, dst_path=str(destination), tracking_uri=uri
+    )
+    record.checkpoint_dir = Path(local)
+    checkpoint = load_checkpoint(record.checkpoint_dir)
+    channels, height, width = (int(v) for v in checkpoint["image_shape"])
+    record.image_shape = (channels, height, width)
+    record.model = model_from_checkpoint(record.checkpoint_dir)
+    record.head_history = load_head_history(record.checkpoint_dir)
+    record.n_params = float(count_parameters(record.model))
+    flops = count_flops(record.model, record.image_shape)
+    record.flops_paper, record.flops_full = float(flops.paper), float(flops.full)
+
+
+def fetch(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) -> LoadedRun:
+    """Fill ``record`` from its MLflow run; what cannot be had becomes its ``reason``."""
+    if not record.run_id:
+        record.status = MISSING if record.status in COMPLETED else record.status
+        record.note("no MLflow run recorded in the manifest")
+        return record
+    try:
+        run = client.get_run(record.run_id)
+    except MlflowException as err:
+        record.status = MISSING
+        record.note(f"run {record.run_id} not found at {uri} ({err.error_code})")
+        return record
+    record.params = {key: cast_param(value) for key, value in run.data.params.items()}
+    record.history = _history(client, record.run_id)
+    accs = record.history["test_acc"].dropna()
+    if len(accs):
+        record.test_acc = float(accs.iloc[-1])
+        record.best_test_acc = float(accs.max())
+        record.epochs = float(record.history.loc[accs.index[-1], "epoch"])
+    else:
+        record.note("no test_acc logged")
+    if record.status not in COMPLETED:
+        record.note(f"trial {record.status}")
+    try:
+        _download_checkpoint(client, uri, record, cache_dir)
+    except (MlflowException, OSError, ValueError, KeyError, RuntimeError) as err:  # unreadable or mismatched
+        record.model = None
+        record.note(f"checkpoint unusable ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+    return record
+
+
+def load_study(tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path) -> LoadedStudy:
+    """Every run named by ``tune`` (and ``prune``), fetched from the tune manifest's tracking URI (the prune
+    manifest's, for its runs), checkpoints downloaded into ``cache_dir``."""
+    check_reachable(tune.tracking_uri)
+    client = MlflowClient(tune.tracking_uri)
+    runs = []
+    for trial in tune.trials:
+        record = LoadedRun(trial.run_id, trial.variant, int(trial.seed), trial.status, "tune")
+        log.info("fetching %s seed %d (run %s)", trial.variant, trial.seed, trial.run_id)
+        runs.append(fetch(client, tune.tracking_uri, record, cache_dir))
+    if prune is not None:
+        if prune.tracking_uri != tune.tracking_uri:
+            check_reachable(prune.tracking_uri)
+        prune_client = client if prune.tracking_uri == tune.tracking_uri else MlflowClient(prune.tracking_uri)
+        for model in prune.models:
+            record = LoadedRun(model.run_id, model.variant + PRUNED_SUFFIX, int(model.seed), model.status, "prune")
+            record.source_run_id = model.source_run_id
+            record.pruned_heads = {
+                (int(d["layer"]), int(d["head"])) for layer in model.decisions for d in layer if d.get("pruned")
+            }
+            log.info("fetching pruned %s seed %d (run %s)", model.variant, model.seed, model.run_id)
+            fetch(prune_client, prune.tracking_uri, record, cache_dir)
+            if record.model is None and record.run_id:  # the manifest measured the pruned model itself
+                record.n_params = float(model.params_after)
+                record.flops_paper = float(model.flops_after.get("paper", math.nan))
+                record.flops_full = float(model.flops_after.get("full", math.nan))
+            runs.append(record)
+        for skipped in prune.skipped:
+            record = LoadedRun(skipped.get("run_id"), skipped.get("variant", "?") + PRUNED_SUFFIX,
+                               int(skipped.get("seed", -1)), "skipped", "prune")  # fmt: skip
+            record.note(f"not pruned: {skipped.get('reason', 'no reason given')}")
+            runs.append(record)
+    for record in runs:
+        if record.reason:
+            log.warning("%s seed %d: %s", record.variant, record.seed, record.reason)
+    return LoadedStudy(
+        runs=runs,
+        tracking_uri=tune.tracking_uri,
+        experiment_id=tune.experiment_id,
+        tune_parent_run_id=tune.parent_run_id,
+        prune_parent_run_id=prune.parent_run_id if prune is not None else None,
+    )
+
+
+ANALYSIS_ROLE = "analysis"
+
+
+def log_analysis_run(
+    study: LoadedStudy,
+    inputs_hash: str,
+    files: dict[str, list[Path]],
+    tables: dict[str, pd.DataFrame],
+    metrics: dict[str, float],
+) -> str:
+    """Log the outputs as artifacts of ONE ``analysis`` run in the study's experiment; returns its id.
+
+    ``files``: artifact folder -> local files (``log_artifact``); ``tables``: artifact file -> frame (``log_table``,
+    shown as a table in the MLflow UI). The run is tagged with the tune (and prune) parent run ids and
+    ``analysis.inputs_hash``: a re-run on the same inputs reuses its run (artifacts overwritten in place), a run
+    on new inputs replaces (deletes) the earlier analysis runs of the same sweep, so they never pile up. It is not a
+    child of the sweep's parent run (``mlflow.parentRunId``), which holds one child per trial.
+    """
+    client = MlflowClient(study.tracking_uri)
+    query = f"tags.`analysis.role` = '{ANALYSIS_ROLE}' and "
+    query += f"tags.`analysis.tune_parent_run_id` = '{study.tune_parent_run_id}'"
+    earlier = client.search_runs([study.experiment_id], query, max_results=100)
+    same = [r for r in earlier if r.data.tags.get("analysis.inputs_hash") == inputs_hash]
+    for run in earlier:
+        if not same or run.info.run_id != same[0].info.run_id:
+            client.delete_run(run.info.run_id)
+            log.info("MLflow: replaced analysis run %s (other inputs)", run.info.run_id)
+    tags = {
+        "analysis.role": ANALYSIS_ROLE,
+        "analysis.inputs_hash": inputs_hash,
+        "analysis.tune_parent_run_id": study.tune_parent_run_id,
+    }
+    if study.prune_parent_run_id:
+        tags["analysis.prune_parent_run_id"] = study.prune_parent_run_id
+    if same:
+        run_id = same[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        log.info("MLflow: reusing analysis run %s (same inputs)", run_id)
+    else:
+        run_id = client.create_run(study.experiment_id, run_name="analysis", tags=tags).info.run_id
+        log.info("MLflow: analysis run %s", run_id)
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    for folder, paths in files.items():
+        for path in paths:
+            client.log_artifact(run_id, str(path), artifact_path=folder)
+    for artifact_file, frame in tables.items():
+        client.log_table(run_id, data=frame, artifact_file=artifact_file)
+    for key, value in metrics.items():
+        if math.isfinite(value):
+            client.log_metric(run_id, key, value)
+    client.set_terminated(run_id, status="FINISHED")
+    return run_id

@@ -1,0 +1,86 @@
+"""Tables, figures and a report from the runs the tune (and prune) manifests name, fetched from MLflow.
+
+Reads:  params.yaml section data (the setting the report states); results/tune/manifest.json (stages.tune);
+        results/prune/manifest.json when present (stages.prune; without it the pruned row says so). Every run is
+        fetched by id from the manifest's MLflow tracking URI and its checkpoint/ artifact downloaded through
+        MLflow, so this runs anywhere the MLflow server answers (never from the manifests' local checkpoint paths).
+Writes: results/tables/accuracy.{md,csv,tex}   the paper's Figure 5 / 9 table, ours next to theirs
+        results/tables/runs.csv                 one row per run (with why a run is left out)
+        results/tables/heads.csv                per run, layer and head: geometry, attention distance, peak prob.
+        results/figures/*.png                   Figs. 2, 3, 4/8, 6, 7, 10, Theorem 1, attention distance,
+                                                convolution-likeness (a figure whose model was not run is skipped)
+        results/analysis/metrics.json           per variant: final accuracy, params, FLOPs (`dvc metrics show`)
+        results/plots/accuracy.csv              variant, seed, epoch, test_acc (`dvc plots show`)
+        results/plots/attention_distance.csv    variant, epoch, layer, mean_attention_distance
+        results/report.md                       the setting, the table, every figure with a sentence
+Side effect: one MLflow run named `analysis` in the sweep's experiment holding these files as artifacts, tagged
+with the tune (and prune) parent run ids; re-running on the same inputs reuses it, on new inputs replaces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from pipeline.config import Params
+from pipeline.prune.manifest import read_prune_manifest
+from pipeline.sweep.manifest import read_tune_manifest
+from stages._cli import main_for, make_parser
+
+log = logging.getLogger("stages.analyze")
+TUNE_MANIFEST = Path("results/tune/manifest.json")
+PRUNE_MANIFEST = Path("results/prune/manifest.json")
+
+
+def inputs_hash(data: dict, *manifests: Path) -> str:
+    """What the analysis is a function of (besides its code): the setting and the manifests' contents."""
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
+    for path in manifests:
+        digest.update(path.read_bytes() if path.is_file() else b"<none>")
+    return digest.hexdigest()[:16]
+
+
+def stage(args: argparse.Namespace, params: Params) -> int:
+    tune = read_tune_manifest(args.tune_manifest)  # bad input fails here, before anything is written
+    prune = read_prune_manifest(args.prune_manifest) if args.prune_manifest.is_file() else None
+    if prune is None:
+        log.info("no %s: the pruned row and Fig. 7's marks wait for the prune stage", args.prune_manifest)
+    # MLflow, torch and matplotlib are imported after the inputs are known good: --help and bad input stay fast.
+    from analysis.runs import load_study, log_analysis_run
+    from analysis.study import Layout, setting_of, write_outputs
+
+    data = params.data.model_dump(mode="json")
+    with tempfile.TemporaryDirectory(prefix="analysis-artifacts-") as cache:
+        log.info("step 1/3: fetching %d runs from %s", len(tune.trials) + len(prune.models if prune else []),
+                 tune.tracking_uri)  # fmt: skip
+        study = load_study(tune, prune, Path(cache))
+        log.info("step 2/3: writing tables, figures and the report")
+        outputs = write_outputs(study, setting_of(data, study), Layout(Path.cwd()))
+    if args.no_mlflow:
+        return 0
+    log.info("step 3/3: logging the outputs to MLflow")
+    metrics = {f"{v}.test_acc_mean": s["test_acc_mean"] for v, s in outputs.summary.items() if s["test_acc_mean"]}
+    run_id = log_analysis_run(
+        study,
+        inputs_hash(data, args.tune_manifest, args.prune_manifest),
+        outputs.files,
+        {"tables/accuracy.json": outputs.table, "tables/heads.json": outputs.heads},
+        metrics,
+    )
+    log.info("analysis run %s in experiment %s (%s)", run_id, study.experiment_id, study.tracking_uri)
+    return 0
+
+
+parser = make_parser(__doc__)
+parser.add_argument("--tune-manifest", type=Path, default=TUNE_MANIFEST, help="default: %(default)s")
+parser.add_argument("--prune-manifest", type=Path, default=PRUNE_MANIFEST, help="if present; default: %(default)s")
+parser.add_argument("--no-mlflow", action="store_true", help="write the files only; log no analysis run to MLflow")
+main = main_for(stage, parser)
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The analysis stage against real MLflow stores: runs built by hand, named by real manifests, fetched by id.
+
+A study of tiny models (hidden 8, 2 layers, 8x8 images): quadratic 9 heads x 2 seeds, generalized 9 heads (one seed
+finished, one whose run MLflow does not have), learned 9 heads, a failed ResNet18 without artifacts, quadratic 16
+heads never run, and a pruned generalized model in a prune manifest. The local checkpoint folders the manifests name
+are deleted before the analysis runs: everything must come through MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from pipeline.config import PAPER_VARIANTS, ModelConfig
+from pipeline.measure.counting import count_parameters
+from pipeline.models import build_model
+from pipeline.prune.manifest import PrunedModel, PruneManifest, write_prune_manifest
+from pipeline.sweep.manifest import TrialRecord, TuneManifest, write_tune_manifest
+from pipeline.trial.checkpoint import head_snapshot, save_model_checkpoint
+
+if TYPE_CHECKING:
+    from conftest import MlflowServer
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+EPOCHS = 3
+IMAGE = (3, 8, 8)
+
+
+def _model(variant: str, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = PAPER_VARIANTS[variant].apply(ModelConfig(hidden=8, layers=2, ffn=8, learned_dim=4, resnet_width=4))
+    return build_model(cfg, image_size=IMAGE[1], in_channels=IMAGE[0], num_classes=10), cfg
+
+
+def _checkpoint(directory: Path, variant: str, seed: int, prune: list[list[int]] | None = None) -> torch.nn.Module:
+    model, cfg = _model(variant, seed)
+    history = []
+    for epoch in range(EPOCHS + 1):
+        snapshot = head_snapshot(model, epoch)
+        if snapshot is not None:
+            history.append(snapshot)
+            with torch.no_grad():
+                for layer in model.layers:
+                    layer.attention.encoding.centres.mul_(1.3)
+    if prune is not None:
+        model.prune_heads(prune)
+    save_model_checkpoint(directory, model, cfg, image_shape=IMAGE, num_classes=10)
+    if history:
+        (directory / "head_history.json").write_text(json.dumps(history))
+    return model
+
+
+def _acc(seed: int, epoch: int, bump: float = 0.0) -> float:
+    return 0.3 + 0.1 * epoch + 0.05 * seed + bump
+
+
+def build_study(tmp_path: Path, uri: str, experiment: str) -> dict:
+    """MLflow runs + tune and prune manifests in ``tmp_path``; returns what the analysis must find."""
+    client = MlflowClient(uri)
+    location = (tmp_path / "mlartifacts").as_uri() if uri.startswith("sqlite") else None
+    experiment_id = client.create_experiment(experiment, artifact_location=location)
+    parent = client.create_run(experiment_id, run_name="sweep").info.run_id
+    ray_dir = tmp_path / "ray"
+    trials, expected = [], {"params": {}, "final": {}}
+    plan = [("sa_quadratic_9", 0, "finished"), ("sa_quadratic_9", 1, "finished"), ("sa_generalized_9", 0, "finished"),
+            ("sa_learned_9", 0, "finished"), ("resnet18", 0, "error")]  # fmt: skip
+    for variant, seed, status in plan:
+        run = client.create_run(experiment_id, run_name=f"{variant}-seed{seed}",
+                                tags={"mlflow.parentRunId": parent, "variant": variant, "seed": str(seed)})  # fmt: skip
+        run_id = run.info.run_id
+        client.log_param(run_id, "train.epochs", str(EPOCHS))
+        client.log_param(run_id, "model.hidden", "8")
+        client.log_param(run_id, "model.layers", "2")
+        epochs = EPOCHS if status == "finished" else 1
+        metrics = [Metric("test_acc", _acc(seed, e), 0, e) for e in range(1, epochs + 1)]
+        metrics += [Metric("train_loss", 2.0 / e, 0, e) for e in range(1, epochs + 1)]
+        client.log_batch(run_id, metrics=metrics)
+        checkpoint = ray_dir / f"{variant}-{seed}" / "checkpoint_000002"
+        if status == "finished":
+            model = _checkpoint(checkpoint, variant, seed)
+            client.log_artifacts(run_id, str(checkpoint), artifact_path="checkpoint")
+            expected["params"][variant] = count_parameters(model)
+        client.set_terminated(run_id, "FINISHED" if status == "finished" else "FAILED")
+        trials.append(TrialRecord(f"t{len(trials)}", run_id, f"{variant}-seed{seed}", variant, seed, status, epochs,
+                                  {"test_acc": _acc(seed, epochs)}, str(checkpoint),
+                                  str(checkpoint / "head_history.json"),
+                                  {"checkpoint": f"runs:/{run_id}/checkpoint"}))  # fmt: skip
+    # A run the manifest names that MLflow does not have (e.g. a store restored from an older backup).
+    trials.append(TrialRecord("tx", "0" * 32, "sa_generalized_9-seed1", "sa_generalized_9", 1, "finished", EPOCHS,
+                              {"test_acc": 0.9}, str(ray_dir / "gone"), None, {}))  # fmt: skip
+    tune = TuneManifest("hash", "tune-hash", str(ray_dir), False, "test_acc", "max", uri, experiment_id, parent, trials)
+    write_tune_manifest(tmp_path / "results/tune/manifest.json", tune)
+
+    source = next(t for t in trials if t.variant == "sa_generalized_9" and t.seed == 0)
+    prune_parent = client.create_run(experiment_id, run_name="prune").info.run_id
+    run_id = client.create_run(experiment_id, run_name="sa_generalized_9-seed0-pruned",
+                               tags={"mlflow.parentRunId": prune_parent}).info.run_id  # fmt: skip
+    client.log_batch(run_id, metrics=[Metric("test_acc", _acc(0, e, 0.01), 0, e) for e in range(0, 3)])
+    pruned_dir = ray_dir / "pruned" / "checkpoint_000001"
+    keep = [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 6, 7]]  # heads 7, 8 of layer 1 and 8 of layer 2 cut
+    pruned_model = _checkpoint(pruned_dir, "sa_generalized_9", 0, prune=keep)
+    client.log_artifacts(run_id, str(pruned_dir), artifact_path="checkpoint")
+    client.set_terminated(run_id, "FINISHED")
+    decisions = [[{"layer": layer, "head": head, "pruned": head not in keep[layer]} for head in range(9)]
+                 for layer in range(2)]  # fmt: skip
+    pruned = PrunedModel(source.run_id, source.trial_id, "sa_generalized_9", 0, run_id, "pruned", "finished", 2,
+                         [2, 1], [7, 8], 1, 1, {"paper": 1, "full": 1}, {"paper": 1, "full": 1}, 0.6, 0.31, 0.51,
+                         str(pruned_dir), str(pruned_dir), decisions)  # fmt: skip
+    prune = PruneManifest("prune-hash", str(ray_dir), "tune-hash", uri, experiment_id, prune_parent, {}, [pruned])
+    write_prune_manifest(tmp_path / "results/prune/manifest.json", prune)
+    expected["params"]["sa_generalized_9_pruned"] = count_parameters(pruned_model)
+    shutil.rmtree(ray_dir)  # reading a manifest's local checkpoint path would now fail
+    return expected
+
+
+def _project(tmp_path: Path) -> Path:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    return tmp_path
+
+
+def _analysis_runs(uri: str, experiment_id: str) -> list:
+    return MlflowClient(uri).search_runs([experiment_id], "tags.`analysis.role` = 'analysis'")
+
+
+def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    from stages.analyze import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    expected = build_study(tmp_path, uri, "it-analysis")
+    monkeypatch.chdir(_project(tmp_path))
+    with caplog.at_level(logging.INFO):
+        assert main([]) == 0
+
+    table = pd.read_csv(tmp_path / "results/tables/accuracy.csv").set_index("variant")
+    quad = table.loc["sa_quadratic_9"]
+    finals = pd.Series([_acc(0, EPOCHS), _acc(1, EPOCHS)])
+    assert quad["n"] == 2 and quad["test_acc_mean"] == pytest.approx(finals.mean())
+    assert quad["test_acc_std"] == pytest.approx(finals.std(ddof=1))  # two seeds: mean ± std
+    assert quad["params"] == expected["params"]["sa_quadratic_9"] and quad["flops_paper"] > 0
+    assert table.loc["sa_learned_9", "test_acc_mean"] == pytest.approx(_acc(0, EPOCHS))
+    assert table.loc["resnet18", "note"] == "all seeds failed"
+    assert table.loc["sa_quadratic_16", "note"] == "not run"
+    generalized = table.loc["sa_generalized_9"]
+    assert generalized["n"] == 1 and "1 of 2 runs left out (missing)" in generalized["note"]
+    pruned = table.loc["sa_generalized_9_pruned"]
+    assert pruned["test_acc_mean"] == pytest.approx(_acc(0, 2, 0.01))
+    assert pruned["params"] == expected["params"]["sa_generalized_9_pruned"] < expected["params"]["sa_generalized_9"]
+    markdown = (tmp_path / "results/tables/accuracy.md").read_text()
+    assert "± 3.54 (n=2)" in markdown  # std of 0.65 and 0.70 in %
+
+    runs = pd.read_csv(tmp_path / "results/tables/runs.csv")
+    missing = runs[runs["status"] == "missing"]
+    assert len(missing) == 1 and "not found" in missing["reason"].iloc[0]
+    failed = runs[runs["variant"] == "resnet18"]
+    assert (
+        "trial error" in failed["reason"].iloc[0] and "no checkpoint/checkpoint.pt artifact" in failed["reason"].iloc[0]
+    )
+
+    curves = pd.read_csv(tmp_path / "results/plots/accuracy.csv")
+    assert list(curves.columns) == ["variant", "seed", "epoch", "test_acc"]
+    pruned_curve = curves[curves["variant"] == "sa_generalized_9_pruned"].sort_values("epoch")
+    assert pruned_curve["epoch"].tolist() == [0, 1, 2]
+    assert set(curves["variant"]) == {"sa_quadratic_9", "sa_generalized_9", "sa_learned_9", "sa_generalized_9_pruned"}
+
+    distance = pd.read_csv(tmp_path / "results/plots/attention_distance.csv")
+    assert list(distance.columns) == ["variant", "epoch", "layer", "mean_attention_distance"]
+    assert sorted(distance[distance["variant"] == "sa_quadratic_9"]["epoch"].unique()) == list(range(EPOCHS + 1))
+
+    heads = pd.read_csv(tmp_path / "results/tables/heads.csv")
+    assert {"variant", "seed", "run_id", "layer", "head", "peak_probability"} <= set(heads.columns)
+    per_run = heads.groupby(["variant", "seed"]).size()
+    assert per_run[("sa_quadratic_9", 1)] == 18 and per_run[("sa_generalized_9_pruned", 0)] == 15
+
+    metrics = json.loads((tmp_path / "results/analysis/metrics.json").read_text())
+    assert metrics["sa_quadratic_9"]["n"] == 2 and metrics["sa_quadratic_16"]["test_acc_mean"] is None
+
+    names = sorted(p.name for p in (tmp_path / "results/figures").glob("*.png"))
+    assert names == sorted([
+        "fig2_trajectories.png", "fig3_contours_quadratic_9.png", "fig7_contours_generalized_pruned.png",
+        "fig6_attention_learned.png", "fig4_accuracy.png", "theorem1_error_vs_alpha.png", "attention_distance.png",
+        "conv_likeness_sa_quadratic_9.png", "conv_likeness_sa_generalized_9.png", "conv_likeness_sa_learned_9.png",
+    ])  # fmt: skip
+    report = (tmp_path / "results/report.md").read_text()
+    assert report.splitlines()[0].startswith("Setting: dataset: digits; image size: 8x8; epochs: 3")
+    assert "smoke scale" in report.splitlines()[0]
+    for name in names:
+        assert (tmp_path / "results/figures" / name).read_bytes()[:8] == PNG_MAGIC
+        assert f"](figures/{name})" in report  # each figure appears, under its title, with its sentence
+    assert "sa_quadratic_16 was not run" in report and "The prune stage cut 3 heads" in report
+    assert "fig10" in caplog.text and "sa_quadratic_16 was not run" in caplog.text
+
+    experiment_id = json.loads((tmp_path / "results/tune/manifest.json").read_text())["experiment_id"]
+    (analysis,) = _analysis_runs(uri, experiment_id)
+    assert analysis.data.tags["analysis.tune_parent_run_id"] and analysis.data.tags["analysis.prune_parent_run_id"]
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(analysis.info.run_id, "figures")}
+    assert "figures/fig4_accuracy.png" in artifacts
+    assert main([]) == 0  # same inputs: the analysis run is reused, not duplicated
+    assert [r.info.run_id for r in _analysis_runs(uri, experiment_id)] == [analysis.info.run_id]
+
+
+def test_without_prune_manifest_the_pruned_row_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stages.analyze import main
+
+    build_study(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "it-analysis-noprune")
+    (tmp_path / "results/prune/manifest.json").unlink()
+    monkeypatch.chdir(_project(tmp_path))
+    assert main(["--no-mlflow"]) == 0
+    table = pd.read_csv(tmp_path / "results/tables/accuracy.csv").set_index("variant")
+    assert table.loc["sa_generalized_9_pruned", "note"] == "pruned row: no prune manifest yet"
+    assert "No heads are marked: no prune manifest yet." in (tmp_path / "results/report.md").read_text()
+
+
+def test_missing_tune_manifest_is_one_line_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
+    from stages.analyze import main
+
+    monkeypatch.chdir(_project(tmp_path))
+    assert main([]) == 2
+    assert not (tmp_path / "results").exists()
+
+
+def test_analysis_over_an_mlflow_server(tmp_path: Path, mlflow_server: MlflowServer) -> None:
+    from analysis.runs import load_study
+    from pipeline.prune.manifest import read_prune_manifest
+    from pipeline.sweep.manifest import read_tune_manifest
+
+    expected = build_study(tmp_path, mlflow_server.uri, f"it-analysis-server-{tmp_path.name}")
+    tune = read_tune_manifest(tmp_path / "results/tune/manifest.json")
+    prune = read_prune_manifest(tmp_path / "results/prune/manifest.json")
+    study = load_study(tune, prune, tmp_path / "cache")
+    frame = study.frame().set_index(["variant", "seed"])
+    assert frame.loc[("sa_quadratic_9", 1), "params"] == expected["params"]["sa_quadratic_9"]
+    assert frame.loc[("sa_generalized_9_pruned", 0), "params"] == expected["params"]["sa_generalized_9_pruned"]
+    downloaded = study.by_variant("sa_quadratic_9")[0].checkpoint_dir
+    assert downloaded.is_relative_to(tmp_path / "cache") and (downloaded / "head_history.json").is_file()
