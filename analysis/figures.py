@@ -201,7 +201,7 @@ def accuracy_curves(
     """
     labels = labels or {}
     offsets = offsets or {}
-    fig = Figure(figsize=(7.5, 4.8))
+    fig = Figure(figsize=(9.5, 4.8), layout="constrained")  # the legend sits outside: curves are never hidden
     ax = fig.add_subplot()
     for index, (variant, runs) in enumerate(frame.groupby("variant", sort=False)):
         colour, _ = _style(index)
@@ -223,7 +223,8 @@ def accuracy_curves(
     several_seeds = "seed" in frame and bool(len(frame)) and frame.groupby("variant")["seed"].nunique().gt(1).any()
     ax.set_title(title + (" (band: min-max over seeds)" if several_seeds else ""))
     if len(frame):
-        ax.legend(loc="lower right", fontsize=9)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # epochs are whole numbers
     return fig
 
 
@@ -266,6 +267,7 @@ def attention_distance_curves(frame: pd.DataFrame, labels: Mapping[str, str] | N
             ax.plot(mean.index, mean.to_numpy(), color=colour, marker=marker, markersize=3, label=f"layer {layer + 1}")
         ax.set_title(labels.get(variant, variant))
         ax.set_xlabel("epoch")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(True, color="0.9")
     for ax in axes[len(variants) :]:
         ax.axis("off")
