@@ -223,3 +223,17 @@ def test_local_ray_talks_over_loopback_only(ray_address: str) -> None:
     assert ray_address.startswith("127.0.0.1:")
     assert ray.util.get_node_ip_address() == "127.0.0.1"
     assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+
+
+def test_repro_ends_with_the_report(swept: dict, project: Project, tmp_path: Path) -> None:
+    """The whole pipeline ran: the analysis stage wrote the report, the table, the figures and DVC's plots."""
+    report = (project.path / "results/report.md").read_text()
+    assert report.startswith("Setting: dataset: digits") and "smoke scale" in report.splitlines()[0]
+    table = (project.path / "results/tables/accuracy.md").read_text()
+    assert "SA quadratic" in table and "ResNet18" in table
+    figures = sorted(p.name for p in (project.path / "results/figures").glob("*.png"))
+    assert "fig4_accuracy.png" in figures and "theorem1_error_vs_alpha.png" in figures
+    assert all(f"figures/{name}" in report for name in figures)
+    assert "Running stage 'analyze'" in swept["output"] and "Running stage 'prune'" in swept["output"]
+    html = project.dvc("plots", "show", "-o", str(tmp_path / "plots"))
+    assert (tmp_path / "plots/index.html").is_file(), html.stdout
