@@ -83,7 +83,7 @@ def setting_of(data: Mapping[str, Any], study: LoadedStudy) -> dict[str, Any]:
     side = data.get("image_size", "?")
     size = f"{shapes[0][1]}x{shapes[0][2]}" if shapes else f"{side}x{side}"
     seeds = sorted({r.seed for r in study.runs if r.source == "tune"})
-    return {
+    setting = {
         "dataset": data.get("dataset", "?"),
         "image size": size,
         "epochs": params.get("train.epochs", "?"),
@@ -94,6 +94,7 @@ def setting_of(data: Mapping[str, Any], study: LoadedStudy) -> dict[str, Any]:
         "ResNet width": params.get("model.resnet_width", "?"),
         "seeds": ", ".join(map(str, seeds)) or "none",
     }
+    return {key: value for key, value in setting.items() if value != "?"}  # what the runs did not log is left out
 
 
 def heads_table(study: LoadedStudy) -> pd.DataFrame:
@@ -181,8 +182,7 @@ def _trajectories(fx: _Figures) -> tuple[Figure, str] | str:
         f"Each of the 9 heads of layer {layer + 1} (the middle layer) moves its attention centre from its random "
         f"initialisation (circle) to epoch {int(frame['epoch'].max())} (star): on average {moved:.2f} tokens, ending "
         f"{reach:.2f} tokens from the query. In the paper (layer 4, 300 epochs on CIFAR-10) the centres spread out "
-        "to distinct shifts around the query, like the positions of a convolution kernel; a short smoke run moves "
-        "them much less."
+        "to distinct shifts around the query, like the positions of a convolution kernel."
     )
     return fig, sentence
 
