@@ -10,10 +10,8 @@ cluster that trained). A run that is missing, failed, or has no usable checkpoin
 
 from __future__ import annotations
 
-import http.client
 import logging
 import math
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from torch import nn
 
 from analysis.table import RUN_COLUMNS
+from pipeline.io import check_tracking_server
 from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.prune.manifest import PruneManifest
 from pipeline.sweep.manifest import COMPLETED, TuneManifest
@@ -139,20 +138,6 @@ def cast_param(value: str) -> Any:
     return value
 
 
-def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """An http(s) tracking server must answer ``/health``: MLflow's client would otherwise retry for minutes."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as reply:
-            if reply.status == 200:
-                return
-            problem = f"HTTP {reply.status}"
-    except (OSError, ValueError, http.client.HTTPException) as err:
-        problem = str(err)
-    raise ValueError(f"no MLflow server answers at {uri}/health ({problem}); the manifests' runs live there")
-
-
 def _history(client: MlflowClient, run_id: str) -> pd.DataFrame:
     """Per step (= epoch) values of HISTORY_KEYS; the latest value when a step was logged twice."""
     columns = {}
@@ -221,7 +206,7 @@ def fetch(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) ->
 def load_study(tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path) -> LoadedStudy:
     """Every run named by ``tune`` (and ``prune``), fetched from the tune manifest's tracking URI (the prune
     manifest's, for its runs), checkpoints downloaded into ``cache_dir``."""
-    check_reachable(tune.tracking_uri)
+    check_tracking_server(tune.tracking_uri, "the tune manifest's tracking_uri")
     client = MlflowClient(tune.tracking_uri)
     runs = []
     for trial in tune.trials:
@@ -230,7 +215,7 @@ def load_study(tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path)
         runs.append(fetch(client, tune.tracking_uri, record, cache_dir))
     if prune is not None:
         if prune.tracking_uri != tune.tracking_uri:
-            check_reachable(prune.tracking_uri)
+            check_tracking_server(prune.tracking_uri, "the prune manifest's tracking_uri")
         prune_client = client if prune.tracking_uri == tune.tracking_uri else MlflowClient(prune.tracking_uri)
         for model in prune.models:
             record = LoadedRun(model.run_id, model.variant + PRUNED_SUFFIX, int(model.seed), model.status, "prune")

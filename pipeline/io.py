@@ -2,7 +2,8 @@
 
 - Outputs are written atomically (a temporary file renamed into place): a reader, DVC or an interrupted run never sees
   half a manifest.
-- Output locations are checked before expensive work starts, so that a bad path fails first, not last.
+- Output locations, and the MLflow server a stage needs, are checked before expensive work starts, so that a bad
+  path or a server that is down fails first, not last.
 - ``EXPECTED_FAILURES`` are the exceptions that mean "the input is bad" (a params key, a missing or corrupt file):
   entry points turn them into one line naming the key or file and exit code 2; anything else is a bug and keeps its
   traceback.
@@ -10,9 +11,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +53,19 @@ def check_creatable_dir(path: Path) -> None:
         os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=target))
     except OSError as err:
         raise ValueError(f"cannot write in {target}: {err.strerror or err}") from None
+
+
+def check_tracking_server(uri: str, source: str, timeout_s: float = 5.0) -> None:
+    """An http(s) MLflow server must answer ``/health`` now: MLflow's client would retry for minutes and fail late.
+    Databases and sqlite files are opened (and created) by the client itself. ``source`` names where ``uri`` came
+    from (a params key, a manifest), for the error."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as reply:
+            if reply.status == 200:
+                return
+            problem = f"HTTP {reply.status}"
+    except (OSError, ValueError, http.client.HTTPException) as err:  # refused, timeout, DNS, 4xx/5xx, a bad URL
+        problem = str(err)
+    raise ValueError(f"{source}: no MLflow server answers at {uri}/health ({problem}); start one or fix the URI")

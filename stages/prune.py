@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.io import write_json_atomic
+from pipeline.io import check_tracking_server, write_json_atomic
 from pipeline.prune.manifest import write_prune_manifest
 from pipeline.sweep.manifest import read_tune_manifest
 from pipeline.sweep.session import keep_local_ray_on_loopback, ray_address
@@ -44,7 +44,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     sources, skipped = select_sources(params, manifest)
     check_sources_exist(sources, TUNE_MANIFEST)
     if sources:
-        tracking.check_reachable(manifest.tracking_uri)
+        check_tracking_server(manifest.tracking_uri, f"{TUNE_MANIFEST} (tracking_uri)")
         tracking.check_runs_exist(manifest.tracking_uri, [s.run_id for s in sources], TUNE_MANIFEST)
     plans = [plan_pruning(params, source) for source in sources]
     if args.dry_run:

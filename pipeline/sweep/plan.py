@@ -13,7 +13,7 @@ import ray
 from ray import tune
 
 from pipeline.config import Params
-from pipeline.io import check_creatable_dir
+from pipeline.io import check_creatable_dir, check_tracking_server
 from pipeline.sweep import tracking
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.session import check_fits, local_capacity, ray_address
@@ -46,7 +46,7 @@ def preflight(params: Params, project_root: Path) -> None:
         check_creatable_dir(storage_dir(params, project_root))
     except ValueError as err:
         raise ValueError(f"sweep.storage_path: {err}") from None
-    tracking.check_reachable(tracking.tracking_uri(params.tracking, project_root))
+    check_tracking_server(tracking.tracking_uri(params.tracking, project_root), "tracking.uri")
 
 
 def format_plan(params: Params, project_root: Path) -> str:

@@ -13,12 +13,10 @@ Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_inter
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,21 +81,6 @@ class SweepRun:
 def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
     """``tracking.uri`` or an sqlite store at an absolute ``<project>/mlflow.db`` (never ``./mlruns``)."""
     return cfg.uri or f"sqlite:///{(project_root / 'mlflow.db').resolve()}"
-
-
-def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """An http(s) tracking server must answer ``/health`` now: MLflow's client would retry for minutes and fail
-    after Ray has started. Databases and sqlite files are opened (and created) by the client itself."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as reply:
-            if reply.status == 200:
-                return
-            problem = f"HTTP {reply.status}"
-    except (OSError, ValueError, http.client.HTTPException) as err:  # refused, timeout, DNS, 4xx/5xx, a bad URL
-        problem = str(err)
-    raise ValueError(f"tracking.uri: no MLflow server answers at {uri}/health ({problem}); start one or fix the URI")
 
 
 def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> None:
