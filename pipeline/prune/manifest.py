@@ -9,12 +9,12 @@ Ray nor MLflow, so every stage can read it.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.io import write_json_atomic
+from pipeline.sweep.manifest import read_manifest
 
 STAGE = "prune"
 FLOP_CONVENTIONS = {
@@ -96,18 +96,4 @@ def write_prune_manifest(path: Path, manifest: PruneManifest) -> None:
 
 def read_prune_manifest(path: Path) -> PruneManifest:
     """The manifest at ``path``; a missing, unreadable or incomplete file raises naming the file and what to do."""
-    path = Path(path)
-    hint = "run the prune stage first (`dvc repro prune`)"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no prune manifest; {hint}")
-    try:
-        raw = json.loads(path.read_text())
-        models = [PrunedModel(**_known(PrunedModel, model)) for model in raw["models"]]
-        return PruneManifest(**{**_known(PruneManifest, raw), "models": models})
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not a prune manifest ({type(err).__name__}: {err}); {hint}") from None
-
-
-def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in raw.items() if k in names}
+    return read_manifest(path, PruneManifest, "models", PrunedModel, STAGE)

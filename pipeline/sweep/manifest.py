@@ -12,9 +12,11 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.io import write_json_atomic
+
+M = TypeVar("M")  # the manifest dataclass read_manifest returns
 
 # How a trial ended. The tracking callback decides it when Tune ends the trial and tags the run (``tune.status``);
 # the manifest reads it back from the run, so both always say the same.
@@ -78,16 +80,23 @@ def write_tune_manifest(path: Path, manifest: TuneManifest) -> None:
 
 def read_tune_manifest(path: Path) -> TuneManifest:
     """The manifest at ``path``; a missing, unreadable or incomplete file raises naming the file and what to do."""
+    return read_manifest(path, TuneManifest, "trials", TrialRecord, STAGE)
+
+
+def read_manifest(path: Path, cls: type[M], items: str, item_cls: type, stage: str) -> M:
+    """A stage's manifest: the dataclass ``cls`` whose list field ``items`` holds ``item_cls`` records. A missing,
+    unreadable or incomplete file raises naming the file and the stage to run; fields a newer writer added are
+    ignored."""
     path = Path(path)
-    hint = "run the tune stage first (`dvc repro tune`)"
+    hint = f"run the {stage} stage first (`dvc repro {stage}`)"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no tune manifest; {hint}")
+        raise FileNotFoundError(f"{path}: no {stage} manifest; {hint}")
     try:
         raw = json.loads(path.read_text())
-        trials = [TrialRecord(**_known(TrialRecord, trial)) for trial in raw["trials"]]
-        return TuneManifest(**{**_known(TuneManifest, raw), "trials": trials})
+        records = [item_cls(**_known(item_cls, item)) for item in raw[items]]
+        return cls(**{**_known(cls, raw), items: records})
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not a tune manifest ({type(err).__name__}: {err}); {hint}") from None
+        raise ValueError(f"{path}: not a {stage} manifest ({type(err).__name__}: {err}); {hint}") from None
 
 
 def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
