@@ -27,7 +27,7 @@ from pipeline.io import check_tracking_server
 from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.prune.manifest import PruneManifest
 from pipeline.sweep.manifest import COMPLETED, TuneManifest
-from pipeline.trial.checkpoint import load_checkpoint, load_head_history, model_from_checkpoint
+from pipeline.trial.checkpoint import load_checkpoint, load_head_history, model_from_payload
 from pipeline.trial.report import CHECKPOINT_FILE
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def _download_checkpoint(client: MlflowClient, uri: str, record: LoadedRun, cach
     checkpoint = load_checkpoint(record.checkpoint_dir)
     channels, height, width = (int(v) for v in checkpoint["image_shape"])
     record.image_shape = (channels, height, width)
-    record.model = model_from_checkpoint(record.checkpoint_dir)
+    record.model = model_from_payload(checkpoint)
     record.head_history = load_head_history(record.checkpoint_dir)
     record.n_params = float(count_parameters(record.model))
     flops = count_flops(record.model, record.image_shape)

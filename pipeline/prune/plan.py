@@ -21,7 +21,7 @@ from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.models.pruning import covariance_geometry, head_decisions, prune_model, pruned_per_layer
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest
-from pipeline.trial.checkpoint import load_checkpoint, model_from_checkpoint
+from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def plan_pruning(params: Params, source: TrialRecord) -> PrunePlan:
     checkpoint_dir = Path(str(source.checkpoint_dir))
     saved = load_checkpoint(checkpoint_dir)
     image_shape = tuple(int(v) for v in saved["image_shape"])
-    model = model_from_checkpoint(checkpoint_dir)
+    model = model_from_payload(saved)
     try:
         geometry = covariance_geometry(model)
     except ValueError as err:

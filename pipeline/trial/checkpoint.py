@@ -123,7 +123,11 @@ def build_for_data(
 
 def model_from_checkpoint(checkpoint_dir: Path) -> nn.Module:
     """The checkpoint's model (its own config and heads per layer, e.g. pruned), on the CPU, in eval mode."""
-    checkpoint = load_checkpoint(checkpoint_dir)
+    return model_from_payload(load_checkpoint(checkpoint_dir))
+
+
+def model_from_payload(checkpoint: dict) -> nn.Module:
+    """The model of an already loaded checkpoint (``load_checkpoint``), for callers that also read its other fields."""
     model_cfg = ModelConfig.model_validate(checkpoint["model_config"])
     model = build_for_data(
         model_cfg, checkpoint["image_shape"], checkpoint["num_classes"], checkpoint["heads_per_layer"]
