@@ -9,8 +9,8 @@ Writes: results/prune/manifest.json  per pruned model: source and fine-tuning ru
         results/prune/metrics.json   those accuracies, params and FLOPs per pruned variant, for `dvc metrics show`
 Side effects: pruned checkpoints and Ray results under sweep.storage_path/prune-<hash>; MLflow runs (a prune-<hash>
 parent in the sweep's experiment, one child per model, metrics from step 0 = right after pruning).
-Refused before Ray starts: a missing or stale tune manifest, checkpoints that no longer exist, a variant without
-covariances (learned encoding, ResNet18). --dry-run prints which heads would go, what it saves and whether each
+Refused before Ray starts: a missing or stale tune manifest, a checkpoint neither on disk nor in MLflow, a variant
+without covariances (learned encoding, ResNet18). --dry-run prints which heads would go, what it saves and whether each
 model's fine-tuning reuses a finished run, resumes one or trains; trains nothing.
 A pruned model's identity is its source trial's identity plus the prune section: a finished fine-tuning run of it is
 reused (sweep.retrain: true trains anew), so a grown sweep prunes and fine-tunes only its new models.
@@ -38,17 +38,19 @@ OUT_DIR = Path("results/prune")  # relative to the working directory, like every
 def stage(args: argparse.Namespace, params: Params) -> int:
     if ray_address(params.sweep) is None:
         keep_local_ray_on_loopback()  # before Ray is imported
-    from pipeline.prune.plan import check_fresh, check_sources_exist, format_plans, plan_pruning, select_sources
+    from pipeline.prune.plan import check_fresh, format_plans, local_sources, plan_pruning, select_sources
     from pipeline.sweep import tracking
+    from pipeline.sweep.plan import storage_dir
 
     root = Path.cwd()  # dvc runs stages from the repository root
     manifest = read_tune_manifest(root / TUNE_MANIFEST)
     check_fresh(params, manifest, TUNE_MANIFEST, root)
     sources, skipped = select_sources(params, manifest)
-    check_sources_exist(sources, TUNE_MANIFEST)
     if sources:
         check_tracking_server(manifest.tracking_uri, f"{TUNE_MANIFEST} (tracking_uri)")
         tracking.check_runs_exist(manifest.tracking_uri, [s.run_id for s in sources], TUNE_MANIFEST)
+        cache = storage_dir(params, root) / "downloaded-checkpoints"
+        sources = local_sources(sources, manifest.tracking_uri, cache, TUNE_MANIFEST)
     plans = [plan_pruning(params, source) for source in sources]
     from pipeline.prune.run import prune_decisions, run_prune
 

@@ -9,11 +9,13 @@ it (``pipeline.prune.run``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlflow
 from torch import nn
 
 from pipeline.config import Params
@@ -22,6 +24,7 @@ from pipeline.models.pruning import covariance_geometry, head_decisions, prune_m
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest
 from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
+from pipeline.trial.report import CHECKPOINT_FILE
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ def select_sources(params: Params, manifest: TuneManifest) -> tuple[list[TrialRe
     for trial in manifest.trials:
         if trial.variant not in wanted:
             continue
-        if trial.status == FINISHED and trial.checkpoint_dir:
+        if trial.status == FINISHED and (trial.checkpoint_dir or trial.artifacts.get("checkpoint")):
             sources.append(trial)
         else:
             reason = f"trial status {trial.status!r} (only finished trials are pruned)"
@@ -74,15 +77,32 @@ def select_sources(params: Params, manifest: TuneManifest) -> tuple[list[TrialRe
     return sources, skipped
 
 
-def check_sources_exist(sources: list[TrialRecord], manifest_path: Path) -> None:
-    """Every source checkpoint must still be on disk (sweep.storage_path), before any expensive work."""
+def local_sources(sources: list[TrialRecord], tracking_uri: str, cache_dir: Path,
+                  manifest_path: Path) -> list[TrialRecord]:  # fmt: skip
+    """The sources with a checkpoint on this disk: the Ray copy (``sweep.storage_path``) where it still exists, else
+    the run's ``checkpoint`` artifact downloaded through MLflow into ``cache_dir/<run id>`` (a reused run from an
+    earlier sweep whose Ray results were deleted, or another machine's run); refused before any expensive work when
+    neither exists."""
+    local = []
     for trial in sources:
-        checkpoint = Path(str(trial.checkpoint_dir)) / "checkpoint.pt"
-        if not checkpoint.is_file():
+        if trial.checkpoint_dir and (Path(trial.checkpoint_dir) / CHECKPOINT_FILE).is_file():
+            local.append(trial)
+            continue
+        if not trial.artifacts.get("checkpoint"):
             raise FileNotFoundError(
-                f"{manifest_path}: trial {trial.variant} seed {trial.seed} names checkpoint {checkpoint}, which no "
-                "longer exists (were the Ray results under sweep.storage_path deleted?); re-run the tune stage"
+                f"{manifest_path}: trial {trial.variant} seed {trial.seed} names checkpoint {trial.checkpoint_dir}, "
+                "which no longer exists (were the Ray results under sweep.storage_path deleted?) and none in MLflow; "
+                "re-run the tune stage"
             )
+        destination = cache_dir / str(trial.run_id)
+        destination.mkdir(parents=True, exist_ok=True)
+        log.info("%s seed %d: downloading its checkpoint from MLflow (%s)", trial.variant, trial.seed,
+                 trial.artifacts["checkpoint"])  # fmt: skip
+        downloaded = mlflow.artifacts.download_artifacts(
+            artifact_uri=trial.artifacts["checkpoint"], dst_path=str(destination), tracking_uri=tracking_uri
+        )
+        local.append(dataclasses.replace(trial, checkpoint_dir=downloaded))
+    return local
 
 
 def plan_pruning(params: Params, source: TrialRecord) -> PrunePlan:

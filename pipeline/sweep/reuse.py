@@ -3,8 +3,8 @@
 Researchers grow sweeps step by step (a seed more, one more variant), and a trial's result depends only on its
 identity (``identity.trial_key``). So before Ray starts, the driver looks every trial's key up in the tracking store
 (the ``trial_key`` tag of its MLflow run):
-- a FINISHED run that trained all ``train.epochs`` and uploaded its checkpoint, whose checkpoint is still on disk, is
-  **reused**: not trained again, listed in the manifest with its run;
+- a FINISHED run that trained all ``train.epochs`` and uploaded its checkpoint to MLflow is **reused**: not trained
+  again, listed in the manifest with its run (later stages download its checkpoint when the Ray copy is gone);
 - otherwise a run that stopped early (killed, failed, stopped by ASHA, left RUNNING by a killed driver) whose Ray
   trial folder (``ray.trial_path``) still holds a checkpoint that loads is **resumed**: the new trial starts from
   that checkpoint and continues the same MLflow run, so there is one run per trial identity however many
@@ -93,19 +93,20 @@ def newest_checkpoint(trial_path: Path) -> tuple[Path, int] | None:
 
 
 def decide(variant: str, seed: int, key: str, runs: list[Run], epochs: int, *, retrain: bool = False) -> TrialPlan:
-    """Reuse the newest complete run whose checkpoint is still there, else resume the furthest unfinished run from
-    its newest valid checkpoint, else train."""
+    """Reuse the newest complete run (``checkpoint_dir``: its Ray checkpoint when still on disk), else resume the
+    furthest unfinished run from its newest valid checkpoint, else train."""
     if retrain:
         return TrialPlan(variant, seed, key, TRAIN)
     for run in runs:
-        checkpoint = run.data.tags.get("tune.checkpoint")
-        if is_complete(run, epochs) and checkpoint and (Path(checkpoint) / CHECKPOINT_FILE).is_file():
-            return TrialPlan(variant, seed, key, REUSE, run.info.run_id, checkpoint, epochs)
+        if is_complete(run, epochs):  # its checkpoint is in MLflow; the Ray copy may have been deleted
+            checkpoint = run.data.tags["tune.checkpoint"]
+            local = checkpoint if (Path(checkpoint) / CHECKPOINT_FILE).is_file() else None
+            return TrialPlan(variant, seed, key, REUSE, run.info.run_id, local, epochs)
     best: TrialPlan | None = None
     for run in runs:
         trial_path = run.data.tags.get(TRIAL_PATH_TAG)
-        if is_complete(run, epochs) or not trial_path:
-            continue  # complete but its checkpoint is gone: train anew
+        if not trial_path:
+            continue
         found = newest_checkpoint(Path(trial_path))
         if found is not None and 0 < found[1] < epochs and (best is None or found[1] > best.epoch):
             best = TrialPlan(variant, seed, key, RESUME, run.info.run_id, str(found[0]), found[1])

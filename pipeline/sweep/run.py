@@ -221,6 +221,9 @@ def reused_records(sweep: tracking.SweepRun, plans: list[TrialPlan]) -> list[Tri
         record = _record(run.data.tags.get("ray.trial_id", ""), run, plan.variant, plan.seed, FINISHED, metrics,
                          plan.checkpoint_dir)  # fmt: skip
         record.reused = True
+        uploaded = [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, "checkpoint")]
+        if HEAD_HISTORY_FILE in uploaded:  # listed even when the Ray copy of the checkpoint is gone
+            record.artifacts["head_history"] = f"{record.artifacts['checkpoint']}/{HEAD_HISTORY_FILE}"
         records.append(record)
     return records
 

@@ -287,6 +287,7 @@ class MlflowTrialCallback(Callback):
         self.last_epoch.update(state.get("last_epoch", {}))
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        from_earlier_sweep = trial.trial_id not in self.runs and trial.config.get("resume_run") is not None
         run_id = self.runs.get(trial.trial_id) or trial.config.get("resume_run")
         if run_id is not None:  # a retry, a restored sweep or a trial resumed from an earlier sweep: continue its run
             self.runs[trial.trial_id] = run_id
@@ -297,6 +298,8 @@ class MlflowTrialCallback(Callback):
             # and the next snapshot): epochs already in the run are trained again but not logged twice.
             history = self.client.get_metric_history(run_id, EPOCH_METRICS[0])
             self._logged_through[trial.trial_id] = max((m.step for m in history), default=0)
+            if from_earlier_sweep:
+                self._log_checkpoint_history(trial, run_id, Path(trial.config["resume_from"]))
             log.info("MLflow: trial %s continues run %s", trial.trial_id, run_id)
             return
         described = self.run_info(trial.config)
@@ -319,6 +322,23 @@ class MlflowTrialCallback(Callback):
             self.client.log_dict(run.info.run_id, payload, name)
         self.runs[trial.trial_id] = run.info.run_id
         log.info("MLflow: trial %s -> run %s (%s)", trial.trial_id, run.info.run_id, described.run_name)
+
+    def _log_checkpoint_history(self, trial: Any, run_id: str, checkpoint_dir: Path) -> None:
+        """A checkpoint can be ahead of its run (the driver stopped after the trial saved epoch k but before it
+        logged it): log the epochs the run misses from the checkpoint's own metrics history, so a run resumed in a
+        later sweep has every epoch once."""
+        from pipeline.trial.checkpoint import load_checkpoint  # torch: only for a run resumed from an earlier sweep
+
+        logged = self._logged_through[trial.trial_id]
+        missing = [m for m in load_checkpoint(checkpoint_dir).get("metrics_history", []) if int(m["epoch"]) > logged]
+        now = int(time.time() * 1000)
+        for report in missing:
+            epoch = int(report["epoch"])
+            metrics = [Metric(k, float(report[k]), now, epoch) for k in EPOCH_METRICS if k in report]
+            self.client.log_batch(run_id, metrics=metrics)
+            self._logged_through[trial.trial_id] = epoch
+        if missing:
+            log.info("MLflow: run %s gets epochs %s from its checkpoint", run_id, [int(m["epoch"]) for m in missing])
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         run_id = self.runs.get(trial.trial_id)

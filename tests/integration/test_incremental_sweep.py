@@ -6,6 +6,7 @@ Each test uses its own ``train.lr`` so its trial identities are its own, whateve
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -89,6 +90,11 @@ def test_adding_seeds_and_variants_trains_only_the_new_trials(project: Project, 
     assert set(runs_per_key(third["client"], third["manifest"]).values()) == {1}
     metrics = json.loads((project.path / "results/tune/metrics.json").read_text())
     assert metrics["resnet18"]["seeds"] == 2 and metrics["sa_learned_9"]["seeds"] == 2
+
+    shutil.rmtree(third["manifest"]["ray_experiment_path"])  # Ray results gone: the runs are still reused
+    again = tune(project, params)
+    assert again["trained"] == [] and len(again["reused"]) == 6
+    assert again["parent"].data.tags["tune.trials_trained"] == "0"
 
     params["train"]["lr"] = 0.06  # a value every trial depends on: all retrain
     fourth = tune(project, params)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -84,6 +85,36 @@ def test_pruned_model_is_smaller_and_recorded_with_its_decisions(pruned: dict) -
     assert len(cut) == sum(model["pruned_heads"]) and all("most degenerate" in d["reason"] for d in cut)
     assert pruned["metrics"]["sa_generalized_9_pruned"]["params"] == model["params_after"]
     assert "heads cut per layer" in pruned["dry_run"] and f"{model['params_after']:,}" in pruned["dry_run"]
+    assert f"fine-tuning: reuse run {model['run_id']}" in pruned["dry_run"]  # run after the stage: nothing to train
+
+
+def test_a_grown_sweep_prunes_and_fine_tunes_only_its_new_model(pruned: dict, project: Project) -> None:
+    """Seed 0's fine-tuning run is reused; its source checkpoint's Ray copy is moved away meanwhile, so the prune
+    stage plans from the copy it downloads through MLflow (put back afterwards, for the other tests)."""
+    params = json.loads(json.dumps(pruned["params"]))
+    params["sweep"]["seeds"] = [0, 1]
+    original = (project.path / "params.yaml").read_text()
+    [source] = pruned["tune"]["trials"]
+    ray_copy = Path(source["checkpoint_dir"])
+    ray_copy.rename(ray_copy.with_name("moved-away"))
+    project.write_params(params)
+    try:
+        done = project.dvc("repro", "prune")
+        manifest = json.loads((project.path / "results/prune/manifest.json").read_text())
+    finally:
+        (project.path / "params.yaml").write_text(original)
+        ray_copy.with_name("moved-away").rename(ray_copy)
+    assert "downloading its checkpoint from MLflow" in done.stderr + done.stdout
+    by_seed = {m["seed"]: m for m in manifest["models"]}
+    [before] = pruned["manifest"]["models"]
+    assert by_seed[0]["reused"] and by_seed[0]["run_id"] == before["run_id"]  # seed 0: its fine-tuning run, reused
+    assert by_seed[0]["acc_after_pruning"] == pytest.approx(before["acc_after_pruning"])
+    assert by_seed[0]["acc_after_finetune"] == pytest.approx(before["acc_after_finetune"])
+    assert not by_seed[1]["reused"] and by_seed[1]["status"] == "finished"
+    client = MlflowClient(manifest["tracking_uri"])
+    for model in manifest["models"]:  # one fine-tuning run per pruned model's identity
+        assert len(client.search_runs([manifest["experiment_id"]], f"tags.trial_key = '{model['prune_key']}'")) == 1
+    assert client.get_run(manifest["parent_run_id"]).data.tags["prune.models_reused"] == "1"
 
 
 def _refused(project: Project, params: dict) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.config import ConfigError, load_params, parse_params
 from pipeline.models import build_model
-from pipeline.prune.plan import check_fresh, check_sources_exist, format_plans, plan_pruning, select_sources
+from pipeline.prune.plan import check_fresh, format_plans, local_sources, plan_pruning, select_sources
 from pipeline.prune.run import finetune_params, prune_key, prune_name
 from pipeline.sweep.manifest import TrialRecord, TuneManifest
 from pipeline.trial.checkpoint import save_model_checkpoint
@@ -73,9 +73,17 @@ def test_a_stale_tune_manifest_is_refused(tmp_path: Path) -> None:
         check_fresh(_params(), _manifest([], name="tune-old"), Path("results/tune/manifest.json"), tmp_path)
 
 
-def test_a_checkpoint_that_no_longer_exists_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no longer exists"):
-        check_sources_exist([_trial("sa_generalized_9", 0, checkpoint=tmp_path / "gone")], Path("m.json"))
+def test_a_checkpoint_neither_on_disk_nor_in_mlflow_is_refused(tmp_path: Path) -> None:
+    gone = _trial("sa_generalized_9", 0, checkpoint=tmp_path / "gone")
+    with pytest.raises(FileNotFoundError, match="no longer exists .* and none in MLflow"):
+        local_sources([gone], "sqlite:///unused.db", tmp_path / "cache", Path("m.json"))
+
+
+def test_a_checkpoint_on_disk_is_used_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "checkpoint.pt").write_bytes(b"x")
+    here = _trial("sa_generalized_9", 0, checkpoint=tmp_path / "ckpt")
+    assert local_sources([here], "sqlite:///unused.db", tmp_path / "cache", Path("m.json")) == [here]
 
 
 @pytest.mark.parametrize("mode", ["fraction", "threshold"])

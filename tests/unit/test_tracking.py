@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep import tracking
@@ -85,3 +86,33 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
     steps = [m.step for m in mlflow.get_metric_history(run.info.run_id, "test_acc")]
     assert sorted(steps) == [1, 2, 3, 4]
     assert run.data.tags["tune.status"] == "finished" and run.info.status == "FINISHED"
+
+
+def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_by(client, tmp_path: Path) -> None:
+    """The first sweep stopped after the trial saved epoch 3 but before the driver logged it: the later sweep resumes
+    from that checkpoint (epoch 4 on) and logs epoch 3 from the checkpoint's own history, so no epoch is missing."""
+    mlflow, experiment_id = client
+    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    first_trial = _Trial("old")
+    first = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    first.on_trial_start(iteration=0, trials=[first_trial], trial=first_trial)
+    for epoch in (1, 2):
+        _report(first, first_trial, epoch)
+    run_id = first.runs["old"]
+    history = [{"epoch": e, "train_loss": 1.0 / e, "test_acc": 0.1 * e} for e in (1, 2, 3)]
+    (tmp_path / "checkpoint_000002").mkdir()
+    torch.save({"epoch": 3, "metrics_history": history}, tmp_path / "checkpoint_000002" / "checkpoint.pt")
+
+    later = tracking.MlflowTrialCallback(tracking.SweepRun(mlflow.tracking_uri, experiment_id, "p2"), _describe, {}, 4)
+    resumed = _Trial("new")
+    resumed.config = {"variant": "x", "resume_run": run_id, "resume_from": str(tmp_path / "checkpoint_000002")}
+    later.on_trial_start(iteration=0, trials=[resumed], trial=resumed)
+    _report(later, resumed, 4)
+    later.on_trial_complete(iteration=1, trials=[resumed], trial=resumed)
+
+    assert later.runs == {"new": run_id}  # the same run continued, under the later sweep's trial id
+    points = {m.step: m.value for m in mlflow.get_metric_history(run_id, "test_acc")}
+    assert sorted(points) == [1, 2, 3, 4] and points[3] == pytest.approx(0.3)
+    run = mlflow.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["ray.trial_id"] == "new"
+    assert run.data.tags["ray.trial_path"] == "/ray/experiment/new"

@@ -150,18 +150,20 @@ def test_an_unfinished_run_resumes_from_its_newest_checkpoint_that_loads(
     assert plan.describe() == f"resume run {run_id} from epoch 2"
 
 
-def test_a_run_whose_files_are_gone_or_that_was_deleted_trains_anew(
+def test_a_run_whose_files_are_gone_or_that_was_deleted_is_not_resumed(
     store: tuple[MlflowClient, str], tmp_path: Path
 ) -> None:
     client, experiment = store
-    run(client, experiment, "k", "FINISHED", **{"tune.status": "finished", "tune.last_epoch": "4",
-                                                "tune.checkpoint": str(tmp_path / "deleted")})  # fmt: skip
-    run(client, experiment, "k", "FAILED", **{TRIAL_PATH_TAG: str(tmp_path / "deleted-trial")})
+    complete = run(client, experiment, "k", "FINISHED", **{"tune.status": "finished", "tune.last_epoch": "4",
+                                                           "tune.checkpoint": str(tmp_path / "deleted")})  # fmt: skip
+    plan = decide("v", 0, "k", find_runs(client, experiment, ["k"])["k"], epochs=4)
+    assert (plan.action, plan.run_id, plan.checkpoint_dir) == (REUSE, complete, None)  # MLflow holds its checkpoint
+    run(client, experiment, "k1", "FAILED", **{TRIAL_PATH_TAG: str(tmp_path / "deleted-trial")})
     deleted = run(client, experiment, "k2", "FINISHED", **{"tune.status": "finished", "tune.last_epoch": "4",
                                                            "tune.checkpoint": str(tmp_path)})  # fmt: skip
     client.delete_run(deleted)
-    runs = find_runs(client, experiment, ["k", "k2"])
-    assert decide("v", 0, "k", runs["k"], epochs=4).action == TRAIN
+    runs = find_runs(client, experiment, ["k1", "k2"])
+    assert decide("v", 0, "k1", runs["k1"], epochs=4).action == TRAIN
     assert runs["k2"] == [] and decide("v", 0, "k2", runs["k2"], epochs=4).action == TRAIN
 
 
