@@ -40,6 +40,7 @@ class TrialRecord:
     checkpoint_dir: str | None  # absolute path of the last checkpoint dir (checkpoint.pt, head_history.json)
     head_history: str | None  # absolute path of head_history.json (None: the model has no Gaussian heads)
     artifacts: dict[str, str] = field(default_factory=dict)  # MLflow artifact URIs of the same files
+    failure_reason: str | None = None  # why it failed without retries (divergence, bad config): what to change
 
 
 @dataclass

@@ -197,6 +197,9 @@ def trial_records(results: tune.ResultGrid, sweep: tracking.SweepRun) -> list[Tr
     records = []
     for result in results:
         trial_id = result.metrics.get("trial_id") or Path(result.path).name
+        if result.config is None:  # still PENDING when the sweep stopped (Ctrl-C): never started, has no run
+            records.append(TrialRecord(trial_id, None, None, "", -1, INTERRUPTED, 0, {}, None, None))
+            continue
         # A trial that failed before its first report has no trial_id in its metrics; its run is still tagged.
         run = runs.get(trial_id) or by_variant_seed.get((result.config["variant"], str(result.config["seed"])))
         epoch = int(result.metrics.get("epoch", 0))
@@ -212,6 +215,6 @@ def trial_records(results: tune.ResultGrid, sweep: tracking.SweepRun) -> list[Tr
         records.append(TrialRecord(
             trial_id, run.info.run_id if run else None, run.info.run_name if run else None,
             result.config["variant"], int(result.config["seed"]), status, epoch, metrics, checkpoint, history,
-            artifacts,
+            artifacts, failure_reason=run.data.tags.get(tracking.FAILURE_REASON_TAG) if run else None,
         ))  # fmt: skip
     return sorted(records, key=lambda r: (r.variant, r.seed))

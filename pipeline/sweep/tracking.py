@@ -13,6 +13,7 @@ Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_inter
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import subprocess
@@ -30,12 +31,15 @@ from ray.tune import Callback
 
 from pipeline.config import TrackingConfig
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
-from pipeline.trial.report import METRIC_KEYS, WHERE_KEY
+from pipeline.trial.checkpoint import checkpoint_loads
+from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError
 
 log = logging.getLogger(__name__)
 
 # Keys of run_trial's per-epoch report that become MLflow metrics (``epoch`` is the step, not a metric).
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
+FAILURE_REASON_TAG = "tune.failure_reason"  # why a trial failed without retries (UnretryableTrialError)
+NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 PARENT_FILE = "mlflow_parent_run.json"  # in the Ray experiment dir: the sweep's parent run, reused on restore
 
 
@@ -81,6 +85,19 @@ class SweepRun:
 def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
     """``tracking.uri`` or an sqlite store at an absolute ``<project>/mlflow.db`` (never ``./mlruns``)."""
     return cfg.uri or f"sqlite:///{(project_root / 'mlflow.db').resolve()}"
+
+
+def prepare_store(uri: str) -> None:
+    """Create (migrate) a local sqlite store in one process at a time. MLflow builds a fresh database's schema on first
+    use; two processes doing it at once (two projects sharing one store) crash in the migration. The second waits on
+    a lock file beside the database, then finds the schema complete. Other stores need nothing."""
+    if not uri.startswith("sqlite:///"):
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        MlflowClient(uri).search_experiments(max_results=1)  # the first use creates and migrates the schema
 
 
 def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> None:
@@ -156,6 +173,7 @@ def open_sweep_run(
     project_root: Path,
 ) -> SweepRun:
     """The sweep's parent run: the one recorded in ``experiment_dir`` (a resumed sweep), else a new one."""
+    prepare_store(uri)
     client = MlflowClient(uri)
     experiment_id = ensure_experiment(client, experiment, artifact_root(uri, project_root))
     record = experiment_dir / PARENT_FILE
@@ -219,6 +237,20 @@ def finish_sweep(sweep: SweepRun, status: str, tags: dict[str, str] | None = Non
     for key, value in (tags or {}).items():
         client.set_tag(sweep.parent_run_id, key, value)
     client.set_terminated(sweep.parent_run_id, status=status)
+
+
+def unretryable_reason(trial: Any) -> str | None:
+    """The reason of the trial's last error when it is an ``UnretryableTrialError`` (divergence, bad config), read from
+    the error Tune pickled; None for any other error (or none)."""
+    try:
+        error = trial.get_pickled_error()
+    except Exception:  # noqa: BLE001 - an unreadable error file only loses the reason, never the run's end
+        return None
+    while error is not None:  # Ray wraps the trial's exception (RayTaskError, TuneError): walk to the cause
+        if isinstance(error, UnretryableTrialError):
+            return error.reason
+        error = getattr(error, "cause", None) or error.__cause__
+    return None
 
 
 class MlflowTrialCallback(Callback):
@@ -319,6 +351,11 @@ class MlflowTrialCallback(Callback):
             self.client.set_tag(run_id, "tune.status", "retrying")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        run_id = self.runs.get(trial.trial_id)
+        reason = unretryable_reason(trial)
+        if run_id is not None and reason is not None:  # in the UI: why it failed, and that no retry was made
+            note = f"Failed once, not retried (a retry cannot fix it): {reason}"
+            self.client.log_batch(run_id, tags=[RunTag(FAILURE_REASON_TAG, reason), RunTag(NOTE_TAG, note)])
         self._finish(trial, "FAILED", ERROR)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -347,6 +384,10 @@ class MlflowTrialCallback(Callback):
             return
         try:
             with checkpoint.as_directory() as local:
+                if not checkpoint_loads(Path(local)):  # a truncated file must not become the run's checkpoint
+                    log.warning("MLflow: not uploading the checkpoint of trial %s: %s/%s does not load",
+                                trial.trial_id, checkpoint.path, CHECKPOINT_FILE)  # fmt: skip
+                    return
                 self.client.log_artifacts(run_id, local, artifact_path="checkpoint")
             self.client.set_tag(run_id, "tune.checkpoint", checkpoint.path)
         except (OSError, MlflowException) as err:  # the run's metrics are still worth keeping

@@ -84,3 +84,28 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
     steps = [m.step for m in mlflow.get_metric_history(run.info.run_id, "test_acc")]
     assert sorted(steps) == [1, 2, 3, 4]
     assert run.data.tags["tune.status"] == "finished" and run.info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("truncated", [False, True])
+def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, truncated: bool) -> None:
+    import torch
+    from ray import tune
+
+    mlflow, experiment_id = client
+    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    directory = tmp_path / "checkpoint_000000"
+    directory.mkdir()
+    torch.save({"epoch": 1, "weights": torch.zeros(64)}, directory / "checkpoint.pt")
+    if truncated:
+        (directory / "checkpoint.pt").write_bytes((directory / "checkpoint.pt").read_bytes()[:100])
+    trial = _Trial("t-upload")
+    trial.checkpoint = tune.Checkpoint.from_directory(str(directory))
+    callback = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=1)
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    _report(callback, trial, 1)
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
+    run = mlflow.get_run(callback.runs["t-upload"])
+    uploaded = [a.path for a in mlflow.list_artifacts(run.info.run_id, "checkpoint")]
+    assert uploaded == ([] if truncated else ["checkpoint/checkpoint.pt"])
+    assert ("tune.checkpoint" in run.data.tags) is not truncated  # the manifest links only an uploaded checkpoint
+    assert run.info.status == "FINISHED"
