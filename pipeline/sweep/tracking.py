@@ -346,8 +346,7 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.runs.get(trial.trial_id)
-        if run_id is not None:
-            self.client.set_tag(run_id, "tune.retries", str(trial.num_failures))
+        if run_id is not None:  # tune.retries is set when the trial ends, as a final count that never goes stale
             self.client.set_tag(run_id, "tune.status", "retrying")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -367,6 +366,9 @@ class MlflowTrialCallback(Callback):
         if run_id is None:
             return
         tags = {"tune.status": label, "tune.last_epoch": str(self.last_epoch.get(trial.trial_id, 0))}
+        retries = trial.num_failures - (status == "FAILED")  # a failed trial's last failure was not retried
+        if retries:
+            tags["tune.retries"] = str(retries)
         if label == EARLY_STOPPED:
             tags["tune.early_stopped"] = "true"
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])

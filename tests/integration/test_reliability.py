@@ -82,3 +82,40 @@ def test_a_diverging_trial_fails_once_and_says_what_to_change(project: Project, 
     # Trained once: Tune's retries re-raised the recorded failure without training (the DivergedError is raised once).
     failures = next(_experiment_dir(project).glob("*/error.txt")).read_text().split("Failure # ")[1:]
     assert ["DivergedError" in failure for failure in failures] == [True, False, False], failures
+
+
+def test_results_unwritable_mid_run_ends_with_one_line(project: Project, project_params: dict) -> None:
+    """``results/tune`` stops being writable while trials train (here a file takes its place: the tests run as root,
+    which permission bits do not stop): one line naming it, exit 1, every run closed, retries counted once."""
+    project.dvc("repro", "prepare")
+    project_params["train"]["epochs"] = 3  # each trial fails once after epoch 1 (the project's profile) and retries
+    project.write_params(project_params)
+    path, out = _experiment_dir(project), project.path / "results/tune"
+    aside = project.path / "results/tune.aside"
+    stage = subprocess.Popen(["python", "-m", "stages.tune"], cwd=project.path, env=project.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not list(path.glob("*/checkpoint_000000")):
+            assert stage.poll() is None and time.monotonic() < deadline, stage.communicate()[0][-3000:]
+            time.sleep(0.1)
+        if out.exists():
+            out.rename(aside)
+        out.write_text("not a folder")
+        output, _ = stage.communicate(timeout=240)
+    finally:
+        out.unlink(missing_ok=True)
+        if aside.exists():
+            aside.rename(out)
+    assert stage.returncode == 1, output[-3000:]
+    # (Ray prints the traceback of each trial's injected failure; the stage itself ends without one.)
+    assert "FileExistsError" not in output and "stages/tune.py" not in output, output[-3000:]
+    assert "cannot write results/tune (File exists)" in output.splitlines()[-1]
+    record = json.loads((path / "mlflow_parent_run.json").read_text())
+    client = MlflowClient(record["tracking_uri"])
+    assert client.get_run(record["parent_run_id"]).info.status == "FINISHED"
+    runs = client.search_runs([record["experiment_id"]], f"tags.`mlflow.parentRunId` = '{record['parent_run_id']}'")
+    assert len(runs) == 2
+    for run in runs:
+        assert run.info.status == "FINISHED" and run.data.tags["tune.status"] == "finished"
+        assert run.data.tags["tune.retries"] == "1"

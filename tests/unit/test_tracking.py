@@ -109,3 +109,26 @@ def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, trunca
     assert uploaded == ([] if truncated else ["checkpoint/checkpoint.pt"])
     assert ("tune.checkpoint" in run.data.tags) is not truncated  # the manifest links only an uploaded checkpoint
     assert run.info.status == "FINISHED"
+
+
+def test_retries_are_a_final_count_not_a_stale_tag(client) -> None:
+    """A retried trial is tagged ``retrying`` meanwhile; the count is written once, when Tune ends the trial."""
+    mlflow, experiment_id = client
+    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    callback = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=2)
+    finished, failed = _Trial("t-retried"), _Trial("t-failed")
+    for trial in (finished, failed):
+        callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+        _report(callback, trial, 1)
+        trial.num_failures = 1
+        callback.on_trial_recover(iteration=1, trials=[trial], trial=trial)
+    retrying = mlflow.get_run(callback.runs["t-retried"]).data.tags
+    assert retrying["tune.status"] == "retrying" and "tune.retries" not in retrying
+    _report(callback, finished, 2)
+    callback.on_trial_complete(iteration=2, trials=[finished], trial=finished)
+    failed.num_failures = 2  # failed again, past max_failures=1
+    callback.on_trial_error(iteration=2, trials=[failed], trial=failed)
+    assert mlflow.get_run(callback.runs["t-retried"]).data.tags["tune.retries"] == "1"
+    ended = mlflow.get_run(callback.runs["t-failed"])
+    assert ended.data.tags["tune.retries"] == "1" and ended.info.status == "FAILED"
+    assert "tune.failure_reason" not in ended.data.tags  # an ordinary error: no reason recorded, retried as usual
