@@ -162,6 +162,17 @@ def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> 
     return experiment.experiment_id
 
 
+def store_key(uri: str, project_root: Path) -> str:
+    """Which store ``uri`` is, independent of where the project lies: a sqlite file inside the project is named by its
+    path relative to the project, so a moved or copied project (another checkout, a cluster head) still finds the
+    sweep's parent run; any other store is its URI."""
+    if uri.startswith("sqlite:///"):
+        database = Path(uri.removeprefix("sqlite:///")).resolve()
+        if database.is_relative_to(project_root.resolve()):
+            return f"project:{database.relative_to(project_root.resolve()).as_posix()}"
+    return uri
+
+
 def open_sweep_run(
     uri: str,
     experiment: str,
@@ -179,7 +190,7 @@ def open_sweep_run(
     record = experiment_dir / PARENT_FILE
     if record.is_file():
         saved = json.loads(record.read_text())
-        if saved.get("tracking_uri") == uri:
+        if saved.get("store", saved.get("tracking_uri")) == store_key(uri, project_root):
             try:
                 client.update_run(saved["parent_run_id"], status="RUNNING")
                 log.info("MLflow: continuing sweep run %s (%s)", saved["parent_run_id"], uri)
@@ -191,7 +202,8 @@ def open_sweep_run(
     sweep = SweepRun(uri, experiment_id, run.info.run_id)
     experiment_dir.mkdir(parents=True, exist_ok=True)
     tmp = record.with_suffix(".tmp")
-    saved = {"tracking_uri": uri, "experiment_id": experiment_id, "parent_run_id": sweep.parent_run_id}
+    saved = {"tracking_uri": uri, "store": store_key(uri, project_root), "experiment_id": experiment_id,
+             "parent_run_id": sweep.parent_run_id}  # fmt: skip
     tmp.write_text(json.dumps(saved))
     tmp.replace(record)
     log.info("MLflow: sweep run %s in experiment %r (%s)", sweep.parent_run_id, experiment, uri)

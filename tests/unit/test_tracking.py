@@ -132,3 +132,23 @@ def test_retries_are_a_final_count_not_a_stale_tag(client) -> None:
     ended = mlflow.get_run(callback.runs["t-failed"])
     assert ended.data.tags["tune.retries"] == "1" and ended.info.status == "FAILED"
     assert "tune.failure_reason" not in ended.data.tags  # an ordinary error: no reason recorded, retried as usual
+
+
+def test_a_moved_project_continues_its_sweep_run(tmp_path: Path) -> None:
+    """The parent run is found again after ``mv project elsewhere`` (its sqlite store inside the project moves too);
+    a different store never reuses it."""
+    import shutil
+
+    first = tmp_path / "project"
+
+    def open_in(root: Path, uri: str | None = None) -> tracking.SweepRun:
+        uri = uri or f"sqlite:///{root / 'mlflow.db'}"
+        return tracking.open_sweep_run(uri, "moved", root / "results/ray/tune-x", run_name="tune-x", tags={},
+                                       params={}, project_root=root)  # fmt: skip
+
+    sweep = open_in(first)
+    moved = shutil.move(first, tmp_path / "moved")
+    again = open_in(Path(moved))
+    assert again.parent_run_id == sweep.parent_run_id and again.tracking_uri.endswith("/moved/mlflow.db")
+    other = open_in(Path(moved), f"sqlite:///{tmp_path / 'other.db'}")
+    assert other.parent_run_id != sweep.parent_run_id
