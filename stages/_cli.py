@@ -57,6 +57,14 @@ def run(stage: Callable[[argparse.Namespace, Params], int], args: argparse.Names
         if not args.verbose:
             log.error("(run with -v for the traceback)")
         return 2
+    except OSError as err:
+        if err.filename is None:  # not a file the stage could not write (a lost connection...): a bug, keep it
+            raise
+        # An output path that became unwritable during the run (permissions, a full or read-only disk): the runs are
+        # already closed in MLflow and the Ray results kept, so a re-run restores instead of training again.
+        log.error("cannot write %s (%s); fix it and re-run: the finished work is restored, not redone",
+                  err.filename, err.strerror or type(err).__name__)  # fmt: skip
+        return 1
     except KeyboardInterrupt:
         log.error("interrupted; outputs written so far are complete, re-run to continue")
         return 130

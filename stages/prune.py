@@ -26,6 +26,7 @@ from pathlib import Path
 from pipeline.config import Params
 from pipeline.io import check_tracking_server, write_json_atomic
 from pipeline.prune.manifest import write_prune_manifest
+from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import read_tune_manifest
 from pipeline.sweep.session import keep_local_ray_on_loopback, ray_address
 from stages._cli import main_for, make_parser
@@ -36,6 +37,8 @@ OUT_DIR = Path("results/prune")  # relative to the working directory, like every
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
+    if not args.dry_run:  # one prune at a time per project; refused before Ray starts
+        hold_stage_lock(Path("results/.prune.lock"), "prune")
     if ray_address(params.sweep) is None:
         keep_local_ray_on_loopback()  # before Ray is imported
     from pipeline.prune.plan import check_fresh, format_plans, local_sources, plan_pruning, select_sources

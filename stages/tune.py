@@ -24,7 +24,8 @@ from pathlib import Path
 
 from pipeline.config import Params
 from pipeline.io import write_json_atomic
-from pipeline.sweep.manifest import write_tune_manifest
+from pipeline.sweep.lock import hold_stage_lock
+from pipeline.sweep.manifest import ERROR, write_tune_manifest
 from pipeline.sweep.session import keep_local_ray_on_loopback, ray_address
 from stages._cli import main_for, make_parser
 
@@ -33,6 +34,8 @@ OUT_DIR = Path("results/tune")  # relative to the working directory, like every 
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
+    if not args.dry_run:  # one tune at a time per project; refused before Ray starts
+        hold_stage_lock(Path("results/.tune.lock"), "tune")
     if args.retrain:
         params = params.model_copy(update={"sweep": params.sweep.model_copy(update={"retrain": True})})
     if ray_address(params.sweep) is None:
@@ -58,7 +61,11 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     log.info("wrote %s (parent run %s; %d trial(s) trained or resumed, %d reused)", OUT_DIR / "manifest.json",
              outcome.sweep.parent_run_id, outcome.trained, len(manifest.trials) - outcome.trained)  # fmt: skip
     if outcome.failed:
-        log.error("some trials failed after their retries; re-run to resume them from their checkpoints")
+        failed = [t for t in manifest.trials if t.status == ERROR]
+        for trial in (t for t in failed if t.failure_reason):  # a re-run would fail the same way: say what to change
+            log.error("%s seed %d failed, not retried: %s", trial.variant, trial.seed, trial.failure_reason)
+        if any(not t.failure_reason for t in failed):
+            log.error("some trials failed after their retries; re-run to resume them from their checkpoints")
         return 1
     return 0
 

@@ -43,6 +43,7 @@ class TrialRecord:
     trial_key: str | None = None  # the trial's identity (model, train config with seed, data, trial code)
     reused: bool = False  # an earlier sweep's finished run of the same identity, not trained again
     sweep_run_id: str | None = None  # the parent run of the sweep that started the run (this one or an earlier one)
+    failure_reason: str | None = None  # why it failed without retries (divergence, bad config): what to change
 
 
 @dataclass

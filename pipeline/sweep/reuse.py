@@ -82,13 +82,13 @@ def is_complete(run: Run, epochs: int) -> bool:
 def newest_checkpoint(trial_path: Path) -> tuple[Path, int] | None:
     """The newest ``checkpoint_*`` dir under a Ray trial folder whose checkpoint loads, with its epoch; a checkpoint
     that does not load (truncated by a crash) is skipped, naming the file."""
-    from pipeline.trial.checkpoint import load_checkpoint  # torch: only when a resume is possible
+    from pipeline.trial.checkpoint import CorruptCheckpointError, load_checkpoint  # torch: only when resuming
 
     for directory in sorted(trial_path.glob("checkpoint_*"), reverse=True):
         try:
             return directory, int(load_checkpoint(directory)["epoch"])
-        except Exception as err:  # noqa: BLE001 (any unreadable file: fall back to the previous checkpoint)
-            log.warning("skipping checkpoint %s: it does not load (%s)", directory / CHECKPOINT_FILE, err)
+        except (FileNotFoundError, CorruptCheckpointError) as err:  # fall back to the previous checkpoint
+            log.warning("not resuming from %s: %s", directory, err)
     return None
 
 

@@ -259,6 +259,10 @@ def trial_records(results: tune.ResultGrid, sweep: tracking.SweepRun, run_ids: d
     records = []
     for result in results:
         trial_id = result.metrics.get("trial_id") or Path(result.path).name
+        if result.config is None:  # still PENDING when the sweep stopped (Ctrl-C): never started, has no run
+            records.append(TrialRecord(trial_id, None, None, "", -1, INTERRUPTED, 0, {}, None, None))
+            continue
+        # A trial that failed before its first report has no trial_id in its metrics; its run is still tagged.
         run = runs.get(trial_id) or by_variant_seed.get((result.config["variant"], str(result.config["seed"])))
         status = ERROR if result.error is not None else tracking.trial_outcome(run)
         checkpoint = result.checkpoint.path if result.checkpoint is not None else None
@@ -281,5 +285,5 @@ def _record(trial_id: str, run: Run | None, variant: str, seed: int, status: str
     return TrialRecord(
         trial_id, run.info.run_id if run else None, run.info.run_name if run else None, variant, seed, status,
         int(values.get("epoch", 0)), values, checkpoint, history, artifacts, trial_key=tags.get(KEY_TAG),
-        sweep_run_id=tags.get("mlflow.parentRunId"),
+        sweep_run_id=tags.get("mlflow.parentRunId"), failure_reason=tags.get(tracking.FAILURE_REASON_TAG),
     )  # fmt: skip

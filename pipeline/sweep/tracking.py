@@ -13,6 +13,7 @@ Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_inter
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import subprocess
@@ -31,12 +32,15 @@ from ray.tune import Callback
 from pipeline.config import TrackingConfig
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
 from pipeline.sweep.reuse import TRIAL_PATH_TAG
-from pipeline.trial.report import METRIC_KEYS, WHERE_KEY
+from pipeline.trial.checkpoint import checkpoint_loads
+from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError
 
 log = logging.getLogger(__name__)
 
 # Keys of run_trial's per-epoch report that become MLflow metrics (``epoch`` is the step, not a metric).
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
+FAILURE_REASON_TAG = "tune.failure_reason"  # why a trial failed without retries (UnretryableTrialError)
+NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 PARENT_FILE = "mlflow_parent_run.json"  # in the Ray experiment dir: the sweep's parent run, reused on restore
 
 
@@ -82,6 +86,19 @@ class SweepRun:
 def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
     """``tracking.uri`` or an sqlite store at an absolute ``<project>/mlflow.db`` (never ``./mlruns``)."""
     return cfg.uri or f"sqlite:///{(project_root / 'mlflow.db').resolve()}"
+
+
+def prepare_store(uri: str) -> None:
+    """Create (migrate) a local sqlite store in one process at a time. MLflow builds a fresh database's schema on first
+    use; two processes doing it at once (two projects sharing one store) crash in the migration. The second waits on
+    a lock file beside the database, then finds the schema complete. Other stores need nothing."""
+    if not uri.startswith("sqlite:///"):
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        MlflowClient(uri).search_experiments(max_results=1)  # the first use creates and migrates the schema
 
 
 def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> None:
@@ -146,6 +163,17 @@ def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> 
     return experiment.experiment_id
 
 
+def store_key(uri: str, project_root: Path) -> str:
+    """Which store ``uri`` is, independent of where the project lies: a sqlite file inside the project is named by its
+    path relative to the project, so a moved or copied project (another checkout, a cluster head) still finds the
+    sweep's parent run; any other store is its URI."""
+    if uri.startswith("sqlite:///"):
+        database = Path(uri.removeprefix("sqlite:///")).resolve()
+        if database.is_relative_to(project_root.resolve()):
+            return f"project:{database.relative_to(project_root.resolve()).as_posix()}"
+    return uri
+
+
 def open_sweep_run(
     uri: str,
     experiment: str,
@@ -157,12 +185,13 @@ def open_sweep_run(
     project_root: Path,
 ) -> SweepRun:
     """The sweep's parent run: the one recorded in ``experiment_dir`` (a resumed sweep), else a new one."""
+    prepare_store(uri)
     client = MlflowClient(uri)
     experiment_id = ensure_experiment(client, experiment, artifact_root(uri, project_root))
     record = experiment_dir / PARENT_FILE
     if record.is_file():
         saved = json.loads(record.read_text())
-        if saved.get("tracking_uri") == uri:
+        if saved.get("store", saved.get("tracking_uri")) == store_key(uri, project_root):
             try:
                 client.update_run(saved["parent_run_id"], status="RUNNING")
                 log.info("MLflow: continuing sweep run %s (%s)", saved["parent_run_id"], uri)
@@ -174,7 +203,8 @@ def open_sweep_run(
     sweep = SweepRun(uri, experiment_id, run.info.run_id)
     experiment_dir.mkdir(parents=True, exist_ok=True)
     tmp = record.with_suffix(".tmp")
-    saved = {"tracking_uri": uri, "experiment_id": experiment_id, "parent_run_id": sweep.parent_run_id}
+    saved = {"tracking_uri": uri, "store": store_key(uri, project_root), "experiment_id": experiment_id,
+             "parent_run_id": sweep.parent_run_id}  # fmt: skip
     tmp.write_text(json.dumps(saved))
     tmp.replace(record)
     log.info("MLflow: sweep run %s in experiment %r (%s)", sweep.parent_run_id, experiment, uri)
@@ -241,6 +271,20 @@ def finish_sweep(sweep: SweepRun, status: str, tags: dict[str, str] | None = Non
     for key, value in (tags or {}).items():
         client.set_tag(sweep.parent_run_id, key, value)
     client.set_terminated(sweep.parent_run_id, status=status)
+
+
+def unretryable_reason(trial: Any) -> str | None:
+    """The reason of the trial's last error when it is an ``UnretryableTrialError`` (divergence, bad config), read from
+    the error Tune pickled; None for any other error (or none)."""
+    try:
+        error = trial.get_pickled_error()
+    except Exception:  # noqa: BLE001 - an unreadable error file only loses the reason, never the run's end
+        return None
+    while error is not None:  # Ray wraps the trial's exception (RayTaskError, TuneError): walk to the cause
+        if isinstance(error, UnretryableTrialError):
+            return error.reason
+        error = getattr(error, "cause", None) or error.__cause__
+    return None
 
 
 class MlflowTrialCallback(Callback):
@@ -359,11 +403,15 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.runs.get(trial.trial_id)
-        if run_id is not None:
-            self.client.set_tag(run_id, "tune.retries", str(trial.num_failures))
+        if run_id is not None:  # tune.retries is set when the trial ends, as a final count that never goes stale
             self.client.set_tag(run_id, "tune.status", "retrying")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        run_id = self.runs.get(trial.trial_id)
+        reason = unretryable_reason(trial)
+        if run_id is not None and reason is not None:  # in the UI: why it failed, and that no retry was made
+            note = f"Failed once, not retried (a retry cannot fix it): {reason}"
+            self.client.log_batch(run_id, tags=[RunTag(FAILURE_REASON_TAG, reason), RunTag(NOTE_TAG, note)])
         self._finish(trial, "FAILED", ERROR)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -375,6 +423,9 @@ class MlflowTrialCallback(Callback):
         if run_id is None:
             return
         tags = {"tune.status": label, "tune.last_epoch": str(self.last_epoch.get(trial.trial_id, 0))}
+        retries = trial.num_failures - (status == "FAILED")  # a failed trial's last failure was not retried
+        if retries:
+            tags["tune.retries"] = str(retries)
         if label == EARLY_STOPPED:
             tags["tune.early_stopped"] = "true"
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
@@ -392,6 +443,10 @@ class MlflowTrialCallback(Callback):
             return
         try:
             with checkpoint.as_directory() as local:
+                if not checkpoint_loads(Path(local)):  # a truncated file must not become the run's checkpoint
+                    log.warning("MLflow: not uploading the checkpoint of trial %s: %s/%s does not load",
+                                trial.trial_id, checkpoint.path, CHECKPOINT_FILE)  # fmt: skip
+                    return
                 self.client.log_artifacts(run_id, local, artifact_path="checkpoint")
             self.client.set_tag(run_id, "tune.checkpoint", checkpoint.path)
         except (OSError, MlflowException) as err:  # the run's metrics are still worth keeping

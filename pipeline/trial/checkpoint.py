@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,12 +99,30 @@ def write_checkpoint(
         (directory / HEAD_HISTORY_FILE).write_text(json.dumps(trial.head_history))
 
 
+class CorruptCheckpointError(ValueError):
+    """``checkpoint.pt`` exists but does not load (truncated by a full disk or a killed copy, or not ours)."""
+
+
 def load_checkpoint(checkpoint_dir: Path) -> dict:
-    """The contents of ``checkpoint.pt`` in ``checkpoint_dir``, tensors on the CPU."""
+    """The contents of ``checkpoint.pt`` in ``checkpoint_dir``, tensors on the CPU; a file that does not load raises
+    ``CorruptCheckpointError`` naming it (torch's own message, e.g. "PytorchStreamReader failed", names no file)."""
     path = Path(checkpoint_dir) / CHECKPOINT_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no checkpoint (expected a directory written by a trial)")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as err:
+        raise CorruptCheckpointError(f"{path}: corrupt checkpoint, does not load ({err})") from None
+
+
+def checkpoint_loads(checkpoint_dir: Path) -> bool:
+    """Whether ``checkpoint_dir`` holds a ``checkpoint.pt`` that loads: only such a checkpoint is restored or
+    uploaded."""
+    try:
+        load_checkpoint(checkpoint_dir)
+    except (FileNotFoundError, CorruptCheckpointError):
+        return False
+    return True
 
 
 def load_head_history(checkpoint_dir: Path) -> list[dict[str, Any]]:

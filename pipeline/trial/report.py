@@ -15,3 +15,18 @@ WHERE_KEY = "trial_tags"
 
 CHECKPOINT_FILE = "checkpoint.pt"
 HEAD_HISTORY_FILE = "head_history.json"
+# In the trial's storage folder: the failure a retry cannot fix, so a retried or restored trial re-raises it at once.
+UNRETRYABLE_FILE = "unretryable_failure.json"
+
+
+class UnretryableTrialError(RuntimeError):
+    """A trial failure that a retry cannot fix (divergence, a config the trial cannot run): the trial fails once.
+
+    Ray Tune retries every error up to ``sweep.max_failures`` times; a retried trial that finds this failure recorded
+    (``UNRETRYABLE_FILE``) raises it again before training. ``reason`` says what happened and what to change; the
+    driver records it on the MLflow run and in the manifest.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -8,20 +8,26 @@ The trial reports every epoch with a checkpoint and resumes from Tune's checkpoi
 
 from __future__ import annotations
 
+import json
+import logging
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import ray
+from pyarrow.fs import FileSelector, FileType
 from ray import tune
 
 from pipeline.config import parse_params
+from pipeline.trial.checkpoint import checkpoint_loads
 from pipeline.trial.device import device_tags
-from pipeline.trial.loop import run_trial
-from pipeline.trial.report import WHERE_KEY
+from pipeline.trial.loop import DivergedError, run_trial
+from pipeline.trial.report import UNRETRYABLE_FILE, WHERE_KEY, UnretryableTrialError
 
 if TYPE_CHECKING:
     from pipeline.data.prepared import PreparedData
+
+log = logging.getLogger(__name__)
 
 
 class InjectedFailure(RuntimeError):
@@ -35,8 +41,25 @@ def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[st
     trial identity: the trial continues from it (weights, optimiser, epoch, RNG) instead of starting over.
     ``config["init_from"]`` (optional) names a checkpoint directory whose weights and heads per layer start the trial,
     e.g. a pruned model to fine-tune. Both must be readable from every node (shared storage). A retried or restored
-    trial resumes from its own (Tune's) checkpoint instead.
+    trial resumes from its own (Tune's) checkpoint instead. A failure a retry cannot fix (divergence, a config the
+    trial cannot run) is recorded in the trial's storage folder and raised as ``UnretryableTrialError``; Tune's
+    retries of the trial then raise it again at once instead of training to the same failure.
     """
+    storage = tune.get_context().get_storage()
+    marker = f"{storage.trial_fs_path}/{UNRETRYABLE_FILE}"
+    if storage.storage_filesystem.get_file_info(marker).type == FileType.File:
+        with storage.storage_filesystem.open_input_stream(marker) as stream:
+            raise UnretryableTrialError(json.loads(stream.readall())["reason"])
+    try:
+        _train(config, data, params_json)
+    except (DivergedError, ValueError) as err:  # ValueError: the config, a checkpoint or init_from it cannot use
+        storage.storage_filesystem.create_dir(storage.trial_fs_path)
+        with storage.storage_filesystem.open_output_stream(marker) as stream:
+            stream.write(json.dumps({"reason": str(err)}).encode())
+        raise UnretryableTrialError(str(err)) from err
+
+
+def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, Any]) -> None:
     params = parse_params(params_json, "trial params")
     model_cfg = params.model_for(config["variant"])
     train_cfg = params.train.model_copy(update={"seed": config["seed"]})
@@ -56,6 +79,26 @@ def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[st
     with tempfile.TemporaryDirectory(prefix="tune-resume-") as tmp:
         resume_from = Path(config["resume_from"]) if config.get("resume_from") else None
         if checkpoint is not None:  # a copy: Tune may delete old checkpoints (num_to_keep) while we train
-            resume_from = Path(checkpoint.to_directory(tmp))
+            resume_from = restorable_copy(checkpoint, Path(tmp))
         init_from = Path(config["init_from"]) if config.get("init_from") and resume_from is None else None
         run_trial(model_cfg, train_cfg, data, reporter, resume_from=resume_from, init_from=init_from)
+
+
+def restorable_copy(checkpoint: tune.Checkpoint, into: Path) -> Path | None:
+    """A local copy (under ``into``) of the newest checkpoint of this trial that loads: Tune's latest, else the older
+    ones Tune kept beside it (``num_to_keep``), newest first. A truncated file (full disk, killed copy) is skipped
+    with a warning naming it, instead of failing every retry the same way; None when none loads (start over)."""
+    latest = PurePosixPath(checkpoint.path)
+    listed = checkpoint.filesystem.get_file_info(FileSelector(str(latest.parent)))
+    names = [info.base_name for info in listed if info.type == FileType.Directory]
+    older = sorted((name for name in names if name.startswith("checkpoint_") and name < latest.name), reverse=True)
+    for name in [latest.name, *older]:
+        candidate = tune.Checkpoint(str(latest.parent / name), filesystem=checkpoint.filesystem)
+        local = Path(candidate.to_directory(str(into / name)))
+        if checkpoint_loads(local):
+            if name != latest.name:
+                log.warning("resuming from the older checkpoint %s instead", candidate.path)
+            return local
+        log.warning("checkpoint %s/checkpoint.pt does not load (truncated?); not resuming from it", candidate.path)
+    log.warning("no checkpoint of this trial loads; it starts over from epoch 1")
+    return None

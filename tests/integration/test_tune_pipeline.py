@@ -7,6 +7,8 @@ MLflow run tree, the manifest, retries, the no-op re-run and the UI; later tests
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -237,3 +239,34 @@ def test_repro_ends_with_the_report(swept: dict, project: Project, tmp_path: Pat
     assert "Running stage 'analyze'" in swept["output"] and "Running stage 'prune'" in swept["output"]
     html = project.dvc("plots", "show", "-o", str(tmp_path / "plots"))
     assert (tmp_path / "plots/index.html").is_file(), html.stdout
+
+
+def test_no_secret_is_logged_as_a_param_or_tag(swept: dict) -> None:
+    """Every run of the smoke pipeline (sweep, prune, analysis): no Ray auth token, credential or token-like value in
+    its params or tags (the MLflow UI shows them to anyone who can read the store)."""
+    secrets = {
+        os.environ.get(name, "") for name in ("RAY_AUTH_TOKEN", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD")
+    }
+    token_file = Path.home() / ".ray/auth_token"  # written by the session's local Ray (token auth on)
+    secrets |= {token_file.read_text().strip()} if token_file.is_file() else set()
+    secrets.discard("")
+    suspicious = re.compile(r"(?i)(token|secret|password|bearer|authorization|api[_-]?key)|://[^/\s:@]+:[^/\s@]+@")
+    manifest = swept["manifest"]
+    client = MlflowClient(manifest["tracking_uri"])
+    runs = client.search_runs([manifest["experiment_id"]])
+    assert len(runs) >= 4  # parent, 2 trials, and the prune / analysis runs of the smoke pipeline
+    found = [
+        f"{run.info.run_name}: {key}={value[:40]}"
+        for run in runs
+        for key, value in {**run.data.params, **run.data.tags}.items()
+        if any(secret in value for secret in secrets) or suspicious.search(key) or suspicious.search(value)
+    ]
+    assert not found, found
+
+
+def test_the_local_ray_has_token_auth_on(ray_address: str) -> None:
+    """A new local Ray turns token authentication on (nothing here switches it off): a client needs the token."""
+    from ray._raylet import AuthenticationMode, get_authentication_mode  # Ray exposes the mode only here
+
+    assert get_authentication_mode() == AuthenticationMode.TOKEN
+    assert (Path.home() / ".ray/auth_token").is_file()

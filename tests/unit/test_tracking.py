@@ -116,3 +116,71 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
     run = mlflow.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["ray.trial_id"] == "new"
     assert run.data.tags["ray.trial_path"] == "/ray/experiment/new"
+
+
+@pytest.mark.parametrize("truncated", [False, True])
+def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, truncated: bool) -> None:
+    import torch
+    from ray import tune
+
+    mlflow, experiment_id = client
+    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    directory = tmp_path / "checkpoint_000000"
+    directory.mkdir()
+    torch.save({"epoch": 1, "weights": torch.zeros(64)}, directory / "checkpoint.pt")
+    if truncated:
+        (directory / "checkpoint.pt").write_bytes((directory / "checkpoint.pt").read_bytes()[:100])
+    trial = _Trial("t-upload")
+    trial.checkpoint = tune.Checkpoint.from_directory(str(directory))
+    callback = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=1)
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    _report(callback, trial, 1)
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
+    run = mlflow.get_run(callback.runs["t-upload"])
+    uploaded = [a.path for a in mlflow.list_artifacts(run.info.run_id, "checkpoint")]
+    assert uploaded == ([] if truncated else ["checkpoint/checkpoint.pt"])
+    assert ("tune.checkpoint" in run.data.tags) is not truncated  # the manifest links only an uploaded checkpoint
+    assert run.info.status == "FINISHED"
+
+
+def test_retries_are_a_final_count_not_a_stale_tag(client) -> None:
+    """A retried trial is tagged ``retrying`` meanwhile; the count is written once, when Tune ends the trial."""
+    mlflow, experiment_id = client
+    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    callback = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=2)
+    finished, failed = _Trial("t-retried"), _Trial("t-failed")
+    for trial in (finished, failed):
+        callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+        _report(callback, trial, 1)
+        trial.num_failures = 1
+        callback.on_trial_recover(iteration=1, trials=[trial], trial=trial)
+    retrying = mlflow.get_run(callback.runs["t-retried"]).data.tags
+    assert retrying["tune.status"] == "retrying" and "tune.retries" not in retrying
+    _report(callback, finished, 2)
+    callback.on_trial_complete(iteration=2, trials=[finished], trial=finished)
+    failed.num_failures = 2  # failed again, past max_failures=1
+    callback.on_trial_error(iteration=2, trials=[failed], trial=failed)
+    assert mlflow.get_run(callback.runs["t-retried"]).data.tags["tune.retries"] == "1"
+    ended = mlflow.get_run(callback.runs["t-failed"])
+    assert ended.data.tags["tune.retries"] == "1" and ended.info.status == "FAILED"
+    assert "tune.failure_reason" not in ended.data.tags  # an ordinary error: no reason recorded, retried as usual
+
+
+def test_a_moved_project_continues_its_sweep_run(tmp_path: Path) -> None:
+    """The parent run is found again after ``mv project elsewhere`` (its sqlite store inside the project moves too);
+    a different store never reuses it."""
+    import shutil
+
+    first = tmp_path / "project"
+
+    def open_in(root: Path, uri: str | None = None) -> tracking.SweepRun:
+        uri = uri or f"sqlite:///{root / 'mlflow.db'}"
+        return tracking.open_sweep_run(uri, "moved", root / "results/ray/tune-x", run_name="tune-x", tags={},
+                                       params={}, project_root=root)  # fmt: skip
+
+    sweep = open_in(first)
+    moved = shutil.move(first, tmp_path / "moved")
+    again = open_in(Path(moved))
+    assert again.parent_run_id == sweep.parent_run_id and again.tracking_uri.endswith("/moved/mlflow.db")
+    other = open_in(Path(moved), f"sqlite:///{tmp_path / 'other.db'}")
+    assert other.parent_run_id != sweep.parent_run_id
