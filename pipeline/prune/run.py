@@ -122,8 +122,7 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
     uri = tune_manifest.tracking_uri
     experiment = MlflowClient(uri).get_experiment(tune_manifest.experiment_id).name
     commit = tracking.git_commit(project_root)
-    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix(f"{STAGE}-"), "git_commit": commit,
-                 "mlflow.source.git.commit": commit}  # fmt: skip
+    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix(f"{STAGE}-"), "git_commit": commit}
     sweep = tracking.open_sweep_run(
         uri, experiment, path, run_name=name,
         tags={**base_tags, "ray.experiment_path": str(path), "sweep.role": "parent",

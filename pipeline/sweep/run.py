@@ -31,9 +31,12 @@ from pipeline.config import Params, parse_params
 from pipeline.data.prepared import PreparedData, content_hash
 from pipeline.sweep import tracking
 from pipeline.sweep.identity import experiment_name
+from pipeline.sweep.logged_model import PreparedDataset
 from pipeline.sweep.manifest import ERROR, INTERRUPTED, STAGE, TrialRecord, TuneManifest
 from pipeline.sweep.plan import METRIC, MODE, preflight, storage_dir
+from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.session import ray_session
+from pipeline.sweep.summary import publish_sweep
 from pipeline.trial.report import HEAD_HISTORY_FILE
 from pipeline.trial.trainable import train_trial
 
@@ -96,6 +99,7 @@ def build_tuner(
     # Checkpointing every epoch with num_to_keep forces a state snapshot every few reports; each takes milliseconds
     # here, but short epochs make Tune warn on every one. Only that warning is switched off (user's value wins).
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")
     trainable = tune.with_resources(tune.with_parameters(train_trial, data=data, params_json=params_json), resources)
@@ -115,7 +119,6 @@ def build_tuner(
                              "seed": tune.grid_search(list(params.sweep.seeds))}  # fmt: skip
     if trials is not None:  # each listed config once: Tune runs points_to_evaluate first, one per sample
         space = {key: None for trial in trials for key in trial}
-    space["fail_once_after_epoch"] = params.sweep.fail_once_after_epoch
     return tune.Tuner(
         trainable,
         param_space=space,
@@ -134,6 +137,7 @@ def build_tuner(
             name=path.name,
             storage_path=str(path.parent),
             verbose=1,
+            progress_reporter=reporter,
             callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=params.sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -144,13 +148,13 @@ def build_tuner(
 def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOutcome:
     """Run (or restore and finish) the sweep; the driver opens the MLflow parent run before any trial starts."""
     preflight(params, project_root)
-    name = experiment_name(params, content_hash(data))
+    data_hash = content_hash(data)
+    name = experiment_name(params, data_hash)
     path = storage_dir(params, project_root) / name
     restored = tune.Tuner.can_restore(str(path))
     uri = tracking.tracking_uri(params.tracking, project_root)
     commit = tracking.git_commit(project_root)
-    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix("tune-"), "git_commit": commit,
-                 "mlflow.source.git.commit": commit}  # fmt: skip
+    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix("tune-"), "git_commit": commit}
     sweep_params = tracking.flatten({"sweep": params.sweep.model_dump(mode="json"), "epochs": params.train.epochs})
     sweep = tracking.open_sweep_run(
         uri, params.tracking.experiment, path, run_name=name,
@@ -158,13 +162,15 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
         project_root=project_root,
     )  # fmt: skip
     run_info = functools.partial(trial_run_info, params_json=params.model_dump(mode="json"))
-    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs)
+    dataset = PreparedDataset.of(params.data, data_hash, project_root)
+    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs, dataset)
     records = fit_tracked(params, data, path, sweep, callback, restore=restored)
     outcome = SweepOutcome(name, str(path), restored, sweep, records, dict(callback.calls), callback.epochs_logged)
     if outcome.interrupted:
         closed = tracking.close_interrupted(sweep)
         log.warning("sweep interrupted: %d trial run(s) marked KILLED; re-run to restore it from %s", closed, path)
     else:
+        publish_sweep(params, data_hash, outcome)
         tracking.finish_sweep(sweep, "FAILED" if outcome.failed else "FINISHED",
                               {"tune.trials": str(len(outcome.trials))})  # fmt: skip
     return outcome
