@@ -27,6 +27,7 @@ from pipeline.sweep.identity import code_hash
 from pipeline.sweep.manifest import ERROR, INTERRUPTED, TrialRecord, TuneManifest
 from pipeline.sweep.plan import storage_dir
 from pipeline.sweep.run import fit_tracked, trial_run_info
+from pipeline.sweep.summary import register_best_models
 from pipeline.trial.checkpoint import save_model_checkpoint
 from pipeline.trial.device import resolve_device
 from pipeline.trial.loop import DeviceData, evaluate
@@ -148,6 +149,7 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
         closed = tracking.close_interrupted(sweep)
         log.warning("fine-tuning interrupted: %d run(s) marked KILLED; re-run to restore it from %s", closed, path)
     else:
+        register_best_models(uri, experiment, records, suffix="_pruned")
         tracking.finish_sweep(sweep, "FAILED" if outcome.failed else "FINISHED", {"prune.models": str(len(models))})
     return outcome
 

@@ -21,7 +21,7 @@ METRIC_COLUMNS = {
     "epoch": "epoch", "train_loss": "train_loss", METRIC: METRIC, "images_per_s": "images/s",
     "time_total_s": "time (s)",
 }  # fmt: skip
-REFRESH_S = 60  # at most one table a minute while trials run, and the final one: a 300-epoch run stays readable
+REFRESH_S = 120  # at most one table per 2 minutes while trials run, and the final one: hours of training stay readable
 
 
 class SweepReporter(tune.CLIReporter):

@@ -74,16 +74,25 @@ def best_trials(trials: list[TrialRecord]) -> dict[str, TrialRecord]:
     return best
 
 
-def register_best_models(client: MlflowClient, experiment: str, trials: list[TrialRecord]) -> dict[str, str]:
-    """Register the final model of each variant's best trial as ``<experiment>.<variant>`` (a new version unless this
-    run's model is already one); return variant -> registered name. Trials whose model was not logged are skipped."""
+def register_best_models(
+    tracking_uri: str, experiment: str, trials: list[TrialRecord], suffix: str = ""
+) -> dict[str, str]:
+    """Register the final model of each variant's best trial as ``<experiment>.<variant><suffix>`` (a new version
+    unless this run's model is already one); return variant -> registered name. Trials whose model was not logged
+    are skipped. The prune stage registers its fine-tuned models with ``suffix="_pruned"``."""
+    client = MlflowClient(tracking_uri)
+    with using_tracking_uri(tracking_uri):  # the registry resolves a version's ``models:/`` source through it
+        return _register(client, experiment, trials, suffix)
+
+
+def _register(client: MlflowClient, experiment: str, trials: list[TrialRecord], suffix: str) -> dict[str, str]:
     registered = {}
     for variant, trial in sorted(best_trials(trials).items()):
         model_uri = client.get_run(str(trial.run_id)).data.tags.get(MODEL_URI_TAG)
         if model_uri is None:
             log.warning("MLflow: run %s of %s has no logged model; not registered", trial.run_id, variant)
             continue
-        name = f"{experiment}.{variant}"
+        name = f"{experiment}.{variant}{suffix}"
         if client.search_registered_models(f"name = '{name}'") == []:
             client.create_registered_model(name, description=f"Best seed of {variant} in each sweep, by final test_acc")
         versions = client.search_model_versions(f"name = '{name}' and run_id = '{trial.run_id}'")
@@ -102,8 +111,7 @@ def publish_summary(tracking_uri: str, parent_run_id: str, summary: SweepSummary
     """Register the best models, then give the parent run its summary metrics and description."""
     client = MlflowClient(tracking_uri)
     experiment = client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
-    with using_tracking_uri(tracking_uri):  # the registry resolves a version's ``models:/`` source through it
-        registered = register_best_models(client, experiment, trials)
+    registered = register_best_models(tracking_uri, experiment, trials)
     now = int(time.time() * 1000)
     metrics = [Metric(f"test_acc.{variant}", acc["test_acc"], now, 0) for variant, acc in summary.accuracy.items()]
     client.log_batch(parent_run_id, metrics=metrics, tags=[RunTag(NOTE_TAG, describe(summary, registered))])
