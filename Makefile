@@ -30,7 +30,10 @@ lint: $(STAMP)
 describe: $(STAMP)  ## parameter / FLOP table of the paper's models
 	$(BIN)/python -m stages.describe
 
-ui: $(STAMP)  ## MLflow UI on the project's store at http://127.0.0.1:5000 (local only)
-	@echo "MLflow UI: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (Ctrl-C stops it)"
+ui: $(STAMP)  ## MLflow UI on the project's store at http://127.0.0.1:5000 (local only), on the sweep's runs table
+	@$(BIN)/python -c "from pipeline.config import load_params; from mlflow.tracking import MlflowClient; \
+		e = MlflowClient('sqlite:///$(CURDIR)/mlflow.db').get_experiment_by_name(load_params('params.yaml').tracking.experiment); \
+		page = f'experiments/{e.experiment_id}/runs' if e else 'experiments?workflowType=machine_learning'; \
+		print(f'MLflow UI: http://127.0.0.1:5000/#/{page} (Ctrl-C stops it)')"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--host 127.0.0.1 --port 5000 --workers 1

@@ -28,6 +28,7 @@ from pipeline.sweep.manifest import ERROR, FINISHED, INTERRUPTED, TrialRecord, T
 from pipeline.sweep.plan import storage_dir
 from pipeline.sweep.reuse import KEY_TAG, REUSE, TrialPlan, decide, find_runs, read_plan, write_plan
 from pipeline.sweep.run import fit_tracked, trial_config, trial_run_info
+from pipeline.sweep.summary import register_best_models
 from pipeline.trial.checkpoint import save_model_checkpoint
 from pipeline.trial.device import resolve_device
 from pipeline.trial.loop import DeviceData, evaluate
@@ -147,8 +148,7 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
 
     experiment = client.get_experiment(tune_manifest.experiment_id).name
     commit = tracking.git_commit(project_root)
-    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix(f"{STAGE}-"), "git_commit": commit,
-                 "mlflow.source.git.commit": commit}  # fmt: skip
+    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix(f"{STAGE}-"), "git_commit": commit}
     sweep = tracking.open_sweep_run(
         uri, experiment, path, run_name=name,
         tags={**base_tags, "ray.experiment_path": str(path), "sweep.role": "parent",
@@ -181,6 +181,7 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
     else:
         listed = [{**by_plan[f"{m.variant}-seed{m.seed}"].to_dict(), "run_id": m.run_id} for m in models]
         tracking.record_sweep_trials(sweep, listed)
+        register_best_models(uri, experiment, records, suffix="_pruned")
         tracking.finish_sweep(sweep, "FAILED" if outcome.failed else "FINISHED",
                               {"prune.models": str(len(models)),
                                "prune.models_reused": str(sum(m.reused for m in models))})  # fmt: skip

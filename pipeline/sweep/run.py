@@ -4,8 +4,8 @@ Why it is built this way:
 - Only ``ray.tune.*`` APIs: reporting through Ray Train inside a Tune function is a hard error in Ray 2.60.
 - Only the trials that are not reused go to Tune (``pipeline.sweep.reuse``): a trial whose identity already has a
   finished run is listed with that run, an unfinished one continues it from its checkpoint.
-- A trial's config is ``{"variant", "seed", "resume_from", "resume_run", "fail_once_after_epoch"}``: small, so
-  Tune's progress output stays readable, and the seed is in ``param_space`` (reproducible). The validated params
+- A trial's config is ``{"variant", "seed", "resume_from", "resume_run"}``: small, and the seed is in
+  ``param_space`` (reproducible); the progress table shows only variant and seed of it. The validated params
   (as JSON) and the dataset go through the object store (``with_parameters``); the trainable
   (``pipeline.trial.trainable``) rebuilds its typed config from them (``params.model_for(variant)``, ``params.train``
   with the seed) without reading any file. They cannot drift on restore: the experiment name is their hash. The
@@ -35,10 +35,13 @@ from pipeline.config import Params, parse_params
 from pipeline.data.prepared import PreparedData, content_hash
 from pipeline.sweep import tracking
 from pipeline.sweep.identity import experiment_name, trial_key
+from pipeline.sweep.logged_model import PreparedDataset
 from pipeline.sweep.manifest import ERROR, FINISHED, INTERRUPTED, STAGE, TrialRecord, TuneManifest
 from pipeline.sweep.plan import METRIC, MODE, preflight, storage_dir, sweep_plans
+from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import KEY_TAG, RESUME, REUSE, TrialPlan, read_plan, write_plan
 from pipeline.sweep.session import ray_session
+from pipeline.sweep.summary import publish_sweep
 from pipeline.trial.report import HEAD_HISTORY_FILE
 from pipeline.trial.trainable import train_trial
 
@@ -109,6 +112,7 @@ def build_tuner(
     # Checkpointing every epoch with num_to_keep forces a state snapshot every few reports; each takes milliseconds
     # here, but short epochs make Tune warn on every one. Only that warning is switched off (user's value wins).
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")
     trainable = tune.with_resources(tune.with_parameters(train_trial, data=data, params_json=params_json), resources)
@@ -128,7 +132,6 @@ def build_tuner(
                  if asha.enabled else None)  # fmt: skip
     # Each listed config once: Tune runs points_to_evaluate first, one per sample.
     space: dict[str, Any] = {key: None for trial in trials for key in trial}
-    space["fail_once_after_epoch"] = params.sweep.fail_once_after_epoch
     return tune.Tuner(
         trainable,
         param_space=space,
@@ -147,6 +150,7 @@ def build_tuner(
             name=path.name,
             storage_path=str(path.parent),
             verbose=1,
+            progress_reporter=reporter,
             callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=params.sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -172,8 +176,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
     restored = tune.Tuner.can_restore(str(path))
     uri = tracking.tracking_uri(params.tracking, project_root)
     commit = tracking.git_commit(project_root)
-    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix("tune-"), "git_commit": commit,
-                 "mlflow.source.git.commit": commit}  # fmt: skip
+    base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix("tune-"), "git_commit": commit}
     sweep_params = tracking.flatten({"sweep": params.sweep.model_dump(mode="json"), "epochs": params.train.epochs})
     sweep = tracking.open_sweep_run(
         uri, params.tracking.experiment, path, run_name=name,
@@ -188,7 +191,8 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
     to_train = [trial_config(plan) for plan in plans if plan.action != REUSE]
     log.info("sweep %s: %s", name, ", ".join(f"{p.variant} seed {p.seed}: {p.describe()}" for p in plans))
     run_info = functools.partial(trial_run_info, params_json=params.model_dump(mode="json"), data_hash=data_hash)
-    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs)
+    dataset = PreparedDataset.of(params.data, data_hash, project_root)
+    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs, dataset)
     records = fit_tracked(params, data, path, sweep, callback, restore=restored, trials=to_train) if to_train else []
     records = sorted(records + reused_records(sweep, plans), key=lambda r: (r.variant, r.seed))
     outcome = SweepOutcome(name, str(path), restored, sweep, records, dict(callback.calls), callback.epochs_logged,
@@ -198,6 +202,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
         log.warning("sweep interrupted: %d trial run(s) marked KILLED; re-run to restore it from %s", closed, path)
     else:
         tracking.record_sweep_trials(sweep, [{**plan.to_dict(), "run_id": _run_of(plan, records)} for plan in plans])
+        publish_sweep(params, data_hash, outcome)
         tracking.finish_sweep(sweep, "FAILED" if outcome.failed else "FINISHED",
                               {"tune.trials": str(len(outcome.trials)), "tune.trials_trained": str(outcome.trained),
                                "tune.trials_reused": str(len(plans) - outcome.trained)})  # fmt: skip

@@ -7,7 +7,8 @@ Why the driver writes everything instead of the trials or the stock ``MLflowLogg
   ``set_state``), so a retried trial (``FailureConfig``) and a restored sweep (``Tuner.restore``) continue the run
   they started instead of opening a duplicate; the parent run id is kept next to that state (``PARENT_FILE``);
 - metrics go out as one ``log_batch`` per epoch (``step=epoch``), with only the training metrics, not Ray's
-  bookkeeping keys; the final checkpoint and head-centre history are uploaded once, when the trial ends.
+  bookkeeping keys; the final checkpoint and head-centre history are uploaded once, when the trial ends, with the
+  final model (an MLflow model) and the prepared dataset as the run's input.
 Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_interrupted`` and reopened on restore.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
 import subprocess
 import time
 from collections import Counter
@@ -27,9 +29,12 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.tracking.context.registry import resolve_tags
 from ray.tune import Callback
+from ray.tune.utils import flatten_dict
 
 from pipeline.config import TrackingConfig
+from pipeline.sweep.logged_model import MODEL_URI_TAG, PreparedDataset, log_trial_model
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
 from pipeline.sweep.reuse import TRIAL_PATH_TAG
 from pipeline.trial.checkpoint import checkpoint_loads
@@ -41,6 +46,7 @@ log = logging.getLogger(__name__)
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
 FAILURE_REASON_TAG = "tune.failure_reason"  # why a trial failed without retries (UnretryableTrialError)
 NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
+DVC_EXP_TAG = "dvc.exp_name"
 PARENT_FILE = "mlflow_parent_run.json"  # in the Ray experiment dir: the sweep's parent run, reused on restore
 
 
@@ -136,16 +142,20 @@ def git_commit(project_root: Path) -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"model": {"hidden": 32}}`` -> ``{"model.hidden": "32"}`` (MLflow params are strings)."""
-    flat: dict[str, str] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = json.dumps(value) if isinstance(value, list | tuple) else str(value)
-    return flat
+def flatten(tree: dict[str, Any]) -> dict[str, str]:
+    """``{"model": {"hidden": 32}}`` -> ``{"model.hidden": "32"}``: Tune's ``flatten_dict``, values as MLflow's
+    strings (lists as JSON)."""
+    flat = flatten_dict(tree, delimiter=".")
+    return {key: json.dumps(value) if isinstance(value, list | tuple) else str(value) for key, value in flat.items()}
+
+
+def context_tags() -> dict[str, str]:
+    """The tags ``mlflow.start_run`` would add (user, source name and type, git commit of the entry point), which
+    ``MlflowClient.create_run`` does not, and the DVC experiment when ``dvc exp run`` runs the stage (DVC sets
+    ``DVC_EXP_NAME`` for it)."""
+    tags = resolve_tags()
+    experiment = os.environ.get("DVC_EXP_NAME")
+    return {**tags, DVC_EXP_TAG: experiment} if experiment else tags
 
 
 def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> str:
@@ -198,7 +208,7 @@ def open_sweep_run(
                 return SweepRun(uri, saved["experiment_id"], saved["parent_run_id"])
             except MlflowException as err:
                 log.warning("MLflow: recorded sweep run not usable (%s); starting a new one", err)
-    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
+    run = client.create_run(experiment_id, run_name=run_name, tags={**context_tags(), **tags})
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
     sweep = SweepRun(uri, experiment_id, run.info.run_id)
     experiment_dir.mkdir(parents=True, exist_ok=True)
@@ -290,21 +300,34 @@ def unretryable_reason(trial: Any) -> str | None:
 class MlflowTrialCallback(Callback):
     """Driver-side Tune callback: one child run per trial, continued across retries and ``Tuner.restore``.
 
+    Why not Ray's ``MLflowLoggerCallback``: it opens top-level runs (a parent run for the sweep, with the sweep's
+    params and summary, is not its concept), keeps its trial -> run map in the driver's memory only, so a restored
+    sweep opens a second run for every trial instead of continuing its own, logs every reported key (Ray's
+    bookkeeping too) at Tune's iteration rather than the trial's epoch, so an epoch trained again after a restore is
+    logged twice, and logs no model or dataset. This one creates child runs of the sweep's parent run, keeps the run
+    map in Tune's experiment state (``get_state``/``set_state``), logs the training metrics at ``step=epoch`` once
+    each, and when a trial ends uploads its checkpoint and logs its final model and dataset (``logged_model``).
+
     Tune pickles this object into ``tuner.pkl`` and restores ``get_state()`` from its experiment snapshots, so it
     holds only plain data; the client is created lazily. ``run_info`` is a module-level function (picklable by
     reference) that turns a trial's config into its run name, params and tags.
     """
 
     def __init__(
-        self, sweep: SweepRun, run_info: Callable[[dict], TrialInfo], tags: dict[str, str], epochs: int
+        self,
+        sweep: SweepRun,
+        run_info: Callable[[dict], TrialInfo],
+        tags: dict[str, str],
+        epochs: int,
+        dataset: PreparedDataset | None = None,
     ) -> None:
         self.sweep = sweep
         self.run_info = run_info
-        self.tags = dict(tags)
+        self.tags = {**context_tags(), **tags}
+        self.dataset = dataset  # logged as every trial's input when it ends
         self.epochs = epochs  # a trial that completes before this many epochs was stopped early (ASHA)
         self.runs: dict[str, str] = {}  # trial_id -> run_id: the state that survives restore
         self.last_epoch: dict[str, int] = {}
-        self._seen_tags: dict[str, dict[str, str]] = {}
         self._logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
         self._client: CountingClient | None = None
         self.epochs_logged = 0
@@ -390,15 +413,16 @@ class MlflowTrialCallback(Callback):
             return
         epoch = int(result["epoch"])
         self.last_epoch[trial.trial_id] = epoch
+        # Node and device come with a trial process's first report only (a retry may run elsewhere): tag them as sent.
+        where = [RunTag(k, str(v)) for k, v in (result.get(WHERE_KEY) or {}).items()]
         if epoch <= self._logged_through.get(trial.trial_id, 0):
             log.info("MLflow: trial %s epoch %d is already in run %s; not logged again", trial.trial_id, epoch, run_id)
+            if where:
+                self.client.log_batch(run_id, tags=where)
             return
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(result[k]), now, epoch) for k in EPOCH_METRICS if k in result]
-        where = {k: str(v) for k, v in (result.get(WHERE_KEY) or {}).items()}
-        new_tags = where if where != self._seen_tags.get(trial.trial_id) else {}
-        self._seen_tags[trial.trial_id] = where
-        self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in new_tags.items()])
+        self.client.log_batch(run_id, metrics=metrics, tags=where)
         self.epochs_logged += 1
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -448,6 +472,8 @@ class MlflowTrialCallback(Callback):
                                 trial.trial_id, checkpoint.path, CHECKPOINT_FILE)  # fmt: skip
                     return
                 self.client.log_artifacts(run_id, local, artifact_path="checkpoint")
-            self.client.set_tag(run_id, "tune.checkpoint", checkpoint.path)
+                self.client.set_tag(run_id, "tune.checkpoint", checkpoint.path)
+                model_uri = log_trial_model(self.sweep.tracking_uri, run_id, Path(local), self.dataset)
+            self.client.set_tag(run_id, MODEL_URI_TAG, model_uri)
         except (OSError, MlflowException) as err:  # the run's metrics are still worth keeping
-            log.warning("MLflow: could not upload the checkpoint of trial %s: %s", trial.trial_id, err)
+            log.warning("MLflow: could not log the checkpoint or model of trial %s: %s", trial.trial_id, err)

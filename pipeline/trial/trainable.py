@@ -45,6 +45,9 @@ def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[st
     trial cannot run) is recorded in the trial's storage folder and raised as ``UnretryableTrialError``; Tune's
     retries of the trial then raise it again at once instead of training to the same failure.
     """
+    # Ray's storage module logs every checkpoint it persists at INFO, and the worker's log reaches the driver's
+    # console: a line per trial per epoch that buries the progress table. Failures still log as warnings.
+    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
     storage = tune.get_context().get_storage()
     marker = f"{storage.trial_fs_path}/{UNRETRYABLE_FILE}"
     if storage.storage_filesystem.get_file_info(marker).type == FileType.File:
@@ -67,12 +70,15 @@ def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, An
         if train_cfg.device == "cuda":
             raise ValueError("train.device is 'cuda' but Ray assigned this trial no GPU (sweep.resources.gpu)")
         train_cfg = train_cfg.model_copy(update={"device": "cpu"})
-    where = {"ray.node_id": ray.get_runtime_context().get_node_id(), **device_tags(train_cfg)}
-    fail_after = config.get("fail_once_after_epoch")
+    # Where it runs goes with this process's first report only: the driver tags the run with it, and Tune's tables
+    # and result files do not repeat it every epoch. A retry (maybe on another node) reports it again.
+    where = {WHERE_KEY: {"ray.node_id": ray.get_runtime_context().get_node_id(), **device_tags(train_cfg)}}
+    fail_after = params.sweep.fail_once_after_epoch  # from the params, so the hook stays out of Tune's trial config
     checkpoint = tune.get_checkpoint()
 
     def reporter(metrics: dict[str, float], checkpoint_dir: Path) -> None:
-        tune.report({**metrics, WHERE_KEY: where}, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+        tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+        where.clear()
         if checkpoint is None and fail_after is not None and metrics["epoch"] == fail_after:
             raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
 

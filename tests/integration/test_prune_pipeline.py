@@ -67,6 +67,8 @@ def test_prune_manifest_names_finished_fine_tuning_runs(pruned: dict) -> None:
     assert float(run.data.params["train.lr"]) == pytest.approx(0.1 * pruned["params"]["train"]["lr"])
     assert run.data.params["prune.pruned_heads.layer1"] == str(model["pruned_heads"][0])
     assert "pruning_decisions.json" in [a.path for a in client.list_artifacts(model["run_id"])]
+    versions = client.search_model_versions("name = 'it-sweep.sa_generalized_9_pruned'")
+    assert model["run_id"] in {version.run_id for version in versions}  # the fine-tuned model, registered
     runs = client.search_runs([manifest["experiment_id"]], f"tags.params_hash = '{manifest['experiment_name'][6:]}'")
     assert len(runs) == 2  # the parent and one child: nothing duplicated
 

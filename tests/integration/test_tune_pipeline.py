@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.config import load_params
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
+from pipeline.sweep.logged_model import MODEL_URI_TAG
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -44,8 +45,9 @@ def children(client: MlflowClient, manifest: dict) -> list:
     return client.search_runs([manifest["experiment_id"]], query)
 
 
-def test_run_tree_in_mlflow(swept: dict) -> None:
+def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
     manifest = swept["manifest"]
+    data_hash = json.loads((project.path / "data/prepared/manifest.json").read_text())["content_sha256"]
     client = MlflowClient(manifest["tracking_uri"])
     parent = client.get_run(manifest["parent_run_id"])
     assert parent.info.status == "FINISHED"
@@ -69,6 +71,19 @@ def test_run_tree_in_mlflow(swept: dict) -> None:
         assert "checkpoint/checkpoint.pt" in artifacts
         if tags["variant"] == "sa_quadratic_9":
             assert "checkpoint/head_history.json" in artifacts
+        assert tags["mlflow.source.git.commit"] == parent.data.tags["mlflow.source.git.commit"]  # MLflow's context
+        assert tags["mlflow.user"] and tags["mlflow.source.name"].endswith("stages/tune.py")
+        (dataset,) = run.inputs.dataset_inputs  # the prepared data, by its content hash
+        assert dataset.dataset.name == "digits-16px" and dataset.dataset.digest == data_hash[:12]
+        model = client.get_logged_model(tags[MODEL_URI_TAG].removeprefix("models:/"))
+        assert model.source_run_id == run.info.run_id
+    # The parent row: per-variant final accuracy (as in metrics.json), a description, the best model registered.
+    summary = json.loads((project.path / "results/tune/metrics.json").read_text())
+    assert parent.data.metrics == {f"test_acc.{v}": summary[v]["test_acc"] for v in ("resnet18", "sa_quadratic_9")}
+    assert parent.data.tags["mlflow.note.content"].startswith("**Sweep of 2 variants x 1 seed**, 2 epochs each, on")
+    for run in runs:
+        versions = client.search_model_versions(f"name = 'it-sweep.{run.data.tags['variant']}'")
+        assert run.info.run_id in {v.run_id for v in versions}
 
 
 def test_manifest_for_later_stages(swept: dict) -> None:
@@ -86,6 +101,26 @@ def test_manifest_for_later_stages(swept: dict) -> None:
     assert "sa_quadratic_9" in swept["metrics_shown"] and "test_acc" in swept["metrics_shown"]
 
 
+# Lines the tune stage of this module's `dvc repro` printed to stdout (Ray's progress output; logs and tracebacks
+# go to stderr) on main before the progress reporter: Ray's default engine printed, per trial, its config and a
+# table of every reported value (7 `trial_tags/...` rows each), and status tables without test_acc. Measured with a
+# local Ray and sqlite store on this module's profile (an http store adds MLflow's two "View run" lines per run it
+# closes).
+TUNE_LINES_BEFORE = 235
+
+
+def test_progress_output_reads_at_a_glance(swept: dict, tmp_path: Path) -> None:
+    stdout = swept["output"].splitlines()  # stdout, then stderr: dvc's stage headers and Ray's tables are on stdout
+    tune = stdout[stdout.index("Running stage 'tune':") : stdout.index("Running stage 'prune':")]
+    (tmp_path / "tune_stdout.txt").write_text("\n".join(tune))
+    headers = [line for line in tune if line.startswith("| Trial name") and "status" in line]
+    assert headers, "\n".join(tune)
+    for column in ("variant", "seed", "epoch", "train_loss", "test_acc", "images/s", "time (s)"):
+        assert all(column in header for header in headers), column
+    assert "trial_tags" not in swept["output"] and "fail_once_after_epoch" not in "\n".join(tune)
+    assert len(tune) <= TUNE_LINES_BEFORE // 3, "\n".join(tune)
+
+
 def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
     project.dvc("repro")  # brings the project up to date whatever ran before (a restore: nothing retrains)
     done = project.dvc("repro")
@@ -95,30 +130,50 @@ def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
 
 
 def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
-    pytest.importorskip("mlflow")
+    """The runs table, the parent's run page (summary metrics, description), a child's run page (its dataset and
+    model) and the registered model's page, rendered by the real MLflow UI in headless Chromium; the screenshots
+    stay in tmp_path."""
     if not CHROMIUM.exists():
         pytest.skip("headless Chromium not installed (/usr/bin/chromium; apt-get install chromium)")
     manifest = swept["manifest"]
     client = MlflowClient(manifest["tracking_uri"])
-    child = children(client, manifest)[0]
+    child = next(run for run in children(client, manifest) if run.data.tags["variant"] == "resnet18")
     parent = client.get_run(manifest["parent_run_id"])
+    experiment = f"{manifest['tracking_uri']}/#/experiments/{manifest['experiment_id']}"
     pages = {
-        "experiment": f"{manifest['tracking_uri']}/#/experiments/{manifest['experiment_id']}",
-        "child": f"{manifest['tracking_uri']}/#/experiments/{manifest['experiment_id']}/runs/{child.info.run_id}",
+        "runs": f"{experiment}/runs",
+        "parent": f"{experiment}/runs/{parent.info.run_id}",
+        "child": f"{experiment}/runs/{child.info.run_id}",
+        "registered_model": f"{manifest['tracking_uri']}/#/models/it-sweep.resnet18",
     }
-    dom = ""
+    dom = {}
     for name, url in pages.items():
         profile = tempfile.mkdtemp(dir=tmp_path)
         command = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                   f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--window-size=1400,1000"]  # fmt: skip
+                   f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=2400,1000"]  # fmt: skip
         shot = subprocess.run([*command, f"--screenshot={tmp_path / name}.png", url], capture_output=True, timeout=120)
         assert shot.returncode == 0, shot.stderr[-2000:]
         dumped = subprocess.run([*command, "--dump-dom", url], capture_output=True, text=True, timeout=120)
         assert dumped.returncode == 0, dumped.stderr[-2000:]
-        dom += dumped.stdout
-    assert parent.info.run_name in dom
-    assert child.info.run_name in dom
+        dom[name] = dumped.stdout
+        (tmp_path / f"{name}.html").write_text(dumped.stdout)
+    assert parent.info.run_name in dom["runs"]  # the table renders only the metric columns in view
+    assert "test_acc.resnet18" in dom["parent"] and "Sweep of 2 variants x 1 seed" in dom["parent"]
+    assert child.info.run_name in dom["child"] and "digits-16px" in dom["child"]  # the dataset it trained on
+    assert child.data.tags[MODEL_URI_TAG].removeprefix("models:/") in dom["child"]  # its logged model
+    assert "it-sweep.resnet18" in dom["registered_model"] and "Version" in dom["registered_model"]
+
+
+def test_dvc_exp_run_names_its_mlflow_runs(swept: dict, project: Project, project_params: dict) -> None:
+    """DVC sets DVC_EXP_NAME for the stages of `dvc exp run`; the sweep's runs carry it as `dvc.exp_name`."""
+    changes = ["train.epochs=1", "sweep.variants=[resnet18]", "sweep.fail_once_after_epoch=null"]
+    project.dvc("exp", "run", "tune", "--name", "habits-exp", *(arg for c in changes for arg in ("--set-param", c)))
+    manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
+    client = MlflowClient(manifest["tracking_uri"])
+    runs = [client.get_run(manifest["parent_run_id"]), *children(client, manifest)]
+    assert len(runs) == 2 and {run.data.tags.get("dvc.exp_name") for run in runs} == {"habits-exp"}
+    assert "habits-exp" in project.dvc("exp", "show", "--csv", "--only-changed").stdout
 
 
 def test_changing_a_sweep_param_reruns_only_tune(swept: dict, project: Project, project_params: dict) -> None:
