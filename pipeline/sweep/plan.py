@@ -67,7 +67,7 @@ def planned_trials(params: Params, project_root: Path, data_hash: str | None) ->
         return None, "new"
     if tune.Tuner.can_restore(str(path)):
         state = "interrupted: would restore it"
-        if tracking.sweep_finished(path):
+        if tracking.sweep_finished(path, uri):
             state = "finished: nothing to train (`dvc repro --force` restores it and trains nothing)"
         return read_plan(path), state
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():

@@ -221,15 +221,15 @@ def open_sweep_run(
     return sweep
 
 
-def sweep_finished(experiment_dir: Path) -> bool:
-    """Whether the parent run recorded in ``experiment_dir`` ended FINISHED (False when it cannot be told)."""
+def sweep_finished(experiment_dir: Path, uri: str) -> bool:
+    """Whether the parent run recorded in ``experiment_dir`` ended FINISHED in the store at ``uri`` (False when it
+    cannot be told)."""
     record = experiment_dir / PARENT_FILE
     if not record.is_file():
         return False
-    saved = json.loads(record.read_text())
     try:
-        return MlflowClient(saved["tracking_uri"]).get_run(saved["parent_run_id"]).info.status == "FINISHED"
-    except MlflowException:
+        return MlflowClient(uri).get_run(json.loads(record.read_text())["parent_run_id"]).info.status == "FINISHED"
+    except (MlflowException, KeyError, ValueError):
         return False
 
 

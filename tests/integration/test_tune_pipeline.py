@@ -127,6 +127,10 @@ def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
     output = done.stdout + done.stderr
     assert "didn't change" in output or "up to date" in output
     assert "Running stage" not in output
+    dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout
+    assert "finished: nothing to train" in dry and "RESTORE" not in dry  # not "the interrupted sweep"
+    for trial in swept["manifest"]["trials"]:
+        assert f"{trial['variant']:<20} {trial['seed']:>4}" in dry
 
 
 def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
