@@ -6,9 +6,12 @@ Writes: results/tune/manifest.json  MLflow tracking URI, experiment and parent r
         results/tune/metrics.json   final test accuracy per variant (mean/std over seeds) for `dvc metrics show`
 Side effects (never DVC outs): MLflow runs (tracking.uri, default sqlite <project>/mlflow.db) and Ray results
 (sweep.storage_path/tune-<params hash>). An interrupted run (Ctrl-C) is restored from there by the next run.
-Ray: attaches to sweep.ray_address or $RAY_ADDRESS when set, else starts a local Ray. --dry-run starts nothing.
+Ray: attaches to sweep.ray_address or $RAY_ADDRESS when set (token from $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or
+~/.ray/auth_token; this checkout shipped as the job's working_dir), else starts a local Ray. --dry-run starts nothing.
 Checked first (also by --dry-run): a local machine can hold one trial's sweep.resources, sweep.storage_path can be
-written, an http(s) tracking.uri answers.
+written, an http(s) tracking.uri answers; on a cluster, that it answers with this token within seconds and, with
+several nodes, that every node shares sweep.storage_path and imports the driver's trial code, and tracking.uri is
+not an sqlite file (unless tracking.sqlite_on_cluster).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 from pipeline.config import Params
 from pipeline.io import write_json_atomic
 from pipeline.sweep.manifest import write_tune_manifest
-from pipeline.sweep.session import keep_local_ray_on_loopback, ray_address
+from pipeline.sweep.session import prepare_driver_env
 from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.tune")
@@ -29,8 +32,7 @@ OUT_DIR = Path("results/tune")  # relative to the working directory, like every 
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
-    if ray_address(params.sweep) is None:
-        keep_local_ray_on_loopback()  # before Ray is imported
+    prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
     # These import Ray and MLflow: after params are valid, so --help and bad params stay fast.
     from pipeline.sweep.plan import format_plan, preflight
     from pipeline.sweep.run import run_sweep

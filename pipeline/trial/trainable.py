@@ -16,6 +16,7 @@ import ray
 from ray import tune
 
 from pipeline.config import parse_params
+from pipeline.trial.code_version import check_trial_code
 from pipeline.trial.device import device_tags
 from pipeline.trial.loop import run_trial
 from pipeline.trial.report import WHERE_KEY
@@ -28,13 +29,17 @@ class InjectedFailure(RuntimeError):
     """Raised by a trial when ``sweep.fail_once_after_epoch`` asks for it (tests of retries)."""
 
 
-def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[str, Any]) -> None:
+def train_trial(
+    config: dict[str, Any], data: PreparedData, params_json: dict[str, Any], code_version: str | None = None
+) -> None:
     """One Tune trial: typed config from the trial's dict, resume from Tune's checkpoint, report every epoch.
 
     ``config["init_from"]`` (optional) names a checkpoint directory whose weights and heads per layer start the trial,
     e.g. a pruned model to fine-tune; it must be readable from every node (shared storage). A retried or restored
-    trial resumes from its own checkpoint instead.
+    trial resumes from its own checkpoint instead. ``code_version`` (the driver's trial code hash) fails a trial that
+    imports other code.
     """
+    check_trial_code(code_version)  # the driver's pipeline.sweep.identity.code_hash()
     params = parse_params(params_json, "trial params")
     model_cfg = params.model_for(config["variant"])
     train_cfg = params.train.model_copy(update={"seed": config["seed"]})

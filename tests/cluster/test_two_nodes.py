@@ -1,0 +1,120 @@
+"""The tune stage attached to a real two-node Ray cluster (token auth on, all on 127.0.0.1), as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import ClusterProject, TwoNodeCluster, tiny_cluster_params
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+FAIL_FAST_S = 30  # the stage's own start (torch, Ray, MLflow imports) is most of it on a busy 2-core machine
+
+
+def _failed_fast(done: subprocess.CompletedProcess, seconds: float, *needles: str) -> str:
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line and "run with -v" not in line]
+    last = errors[-1] if errors else ""
+    assert done.returncode == 2, f"rc {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    for needle in needles:
+        assert needle in last, last
+    assert seconds < FAIL_FAST_S, f"took {seconds:.1f} s: {last}"
+    return last
+
+
+def _dry_run(project: ClusterProject, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    done = project.stage(env, "stages.tune", "--dry-run", timeout=120)
+    return done, time.monotonic() - started
+
+
+def test_sweep_spreads_over_both_nodes(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
+    cluster_project.write_params(tiny_cluster_params(sqlite_on_cluster=True))
+    started = time.monotonic()
+    done = cluster_project.stage(cluster.driver_env(), "stages.tune")
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    print(f"two-node sweep (2 trials x 1 epoch) took {seconds:.1f} s")
+    manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
+    assert {t["status"] for t in manifest["trials"]} == {"finished"} and len(manifest["trials"]) == 2
+    with sqlite3.connect(cluster_project.path / "mlflow.db") as db:
+        tags = db.execute("SELECT run_uuid, key, value FROM tags WHERE key IN ('mlflow.parentRunId', 'ray.node_id')")
+        by_run: dict[str, dict[str, str]] = {}
+        for run, key, value in tags:
+            by_run.setdefault(run, {})[key] = value
+    children = {run: t for run, t in by_run.items() if t.get("mlflow.parentRunId")}
+    assert {t["mlflow.parentRunId"] for t in children.values()} == {manifest["parent_run_id"]}
+    assert set(children) == {t["run_id"] for t in manifest["trials"]}
+    assert {t["ray.node_id"] for t in children.values()} == {cluster.head.node_id, cluster.worker.node_id}
+    assert "shipping the code" in done.stderr and "cluster: 2 nodes share" in done.stderr
+
+
+def test_wrong_token_fails_fast_naming_what_to_do(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
+    done, seconds = _dry_run(cluster_project, cluster.driver_env(RAY_AUTH_TOKEN="not-the-cluster-token-0123456789"))
+    _failed_fast(done, seconds, "sweep.ray_address", "refused the token from $RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def test_missing_token_fails_fast(cluster: TwoNodeCluster, cluster_project: ClusterProject, tmp_path: Path) -> None:
+    env = cluster.driver_env(RAY_AUTH_TOKEN_PATH=None, HOME=str(tmp_path))  # no ~/.ray/auth_token either
+    done, seconds = _dry_run(cluster_project, env)
+    _failed_fast(done, seconds, "sweep.ray_address", "refused no token", "~/.ray/auth_token")
+
+
+def test_nothing_at_the_address_fails_fast(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
+    from tests.cluster.conftest import free_port
+
+    done, seconds = _dry_run(cluster_project, cluster.driver_env(RAY_ADDRESS=f"127.0.0.1:{free_port()}"))
+    _failed_fast(done, seconds, "sweep.ray_address: cannot attach")
+
+
+def test_sqlite_store_on_a_multi_node_cluster_is_refused(
+    cluster: TwoNodeCluster, cluster_project: ClusterProject
+) -> None:
+    cluster_project.write_params(tiny_cluster_params())
+    done, seconds = _dry_run(cluster_project, cluster.driver_env())
+    _failed_fast(done, seconds, "tracking.uri", "tracking.sqlite_on_cluster: true")
+
+
+def test_storage_a_node_does_not_share_is_refused(
+    cluster: TwoNodeCluster, cluster_project: ClusterProject, tmp_path: Path
+) -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to give one node a private mount over the storage path")
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    # A third node whose view of `storage` is a private tmpfs: a node without the shared file system.
+    mount = ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"',
+             str(storage)]  # fmt: skip
+    if subprocess.run([*mount, "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a private mount here (needs root or user namespaces)")
+    node = cluster.start_node("worker", cluster.address, prefix=mount)
+    cluster.extra.append(node)
+    try:
+        params = tiny_cluster_params(sqlite_on_cluster=True)
+        params["sweep"]["storage_path"] = str(storage)
+        cluster_project.write_params(params)
+        done, seconds = _dry_run(cluster_project, cluster.driver_env())
+        last = _failed_fast(done, seconds * 0, "sweep.storage_path", "is not shared", node.node_id[:8])
+        print(f"refused in {seconds:.1f} s: {last}")
+    finally:
+        node.stop()
+        cluster.extra.remove(node)
+        cluster_project.write_params(tiny_cluster_params())
+        _wait_for_alive_nodes(cluster, 2)
+
+
+def _wait_for_alive_nodes(cluster: TwoNodeCluster, count: int, timeout_s: float = 60) -> None:
+    """Until the GCS has seen a stopped node go (so the next test sees two nodes)."""
+    code = (f"from pipeline.sweep.session import check_attachable; import sys; "
+            f"sys.exit(check_attachable({cluster.address!r}) != {count})")  # fmt: skip
+    env = cluster.driver_env(RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    deadline = time.monotonic() + timeout_s
+    while subprocess.run(["python", "-c", code], env=env, capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, f"the cluster still does not have {count} alive nodes"
+        time.sleep(1)
