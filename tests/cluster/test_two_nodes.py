@@ -100,7 +100,7 @@ def test_storage_a_node_does_not_share_is_refused(
         params["sweep"]["storage_path"] = str(storage)
         cluster_project.write_params(params)
         done, seconds = _dry_run(cluster_project, cluster.driver_env())
-        last = _failed_fast(done, seconds * 0, "sweep.storage_path", "is not shared", node.node_id[:8])
+        last = _failed_fast(done, seconds, "sweep.storage_path", "is not shared", node.node_id[:8])
         print(f"refused in {seconds:.1f} s: {last}")
     finally:
         node.stop()
