@@ -95,9 +95,17 @@ def _unreachable(address: str, why: str) -> ValueError:
 def check_attachable(address: str, timeout_s: float = ATTACH_TIMEOUT_S) -> int:
     """Ask the cluster's GCS for its nodes, within seconds; return how many are alive. Raises naming
     ``sweep.ray_address`` and the token variables instead of Ray's ~20 s of retries and bare ``ConnectionError``."""
+    if address == "auto":  # the cluster last started with `ray start` on this machine (Ray's own lookup)
+        from ray._private.services import canonicalize_bootstrap_address
+
+        found = canonicalize_bootstrap_address(address)
+        if found is None:
+            raise ValueError("sweep.ray_address: 'auto' found no Ray started on this machine (ray start --head); "
+                             "give the head's host:port")  # fmt: skip
+        address = found
     where = gcs_host_port(address)
     if where is None:
-        return 0  # auto / ray://: Ray resolves these itself; ray.init reports its own error
+        return 0  # ray://: a Ray Client address; ray.init reports its own error
     try:  # Ray's client waits ~40 s for an address that does not answer: a plain TCP connect first
         socket.create_connection(where, timeout=timeout_s).close()
     except OSError as err:
