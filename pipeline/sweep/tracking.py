@@ -52,6 +52,9 @@ class TrialInfo:
     start_artifacts: dict[str, Any] = field(default_factory=dict)
 
 
+NODES_TAG = "ray.node_ids"  # comma-separated, in order: every node a trial's run trained on
+
+
 class CountingClient:
     """An ``MlflowClient`` that counts the requests made through it, so the logging cost per epoch is measured."""
 
@@ -240,6 +243,7 @@ class MlflowTrialCallback(Callback):
         self.last_epoch: dict[str, int] = {}
         self._seen_tags: dict[str, dict[str, str]] = {}
         self._logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
+        self._nodes: dict[str, list[str]] = {}  # run_id -> the nodes it ran on (the ray.node_ids tag)
         self._client: CountingClient | None = None
         self.epochs_logged = 0
 
@@ -309,8 +313,22 @@ class MlflowTrialCallback(Callback):
         where = {k: str(v) for k, v in (result.get(WHERE_KEY) or {}).items()}
         new_tags = where if where != self._seen_tags.get(trial.trial_id) else {}
         self._seen_tags[trial.trial_id] = where
+        if node := new_tags.get("ray.node_id"):
+            new_tags = {**new_tags, **self._nodes_tag(run_id, node)}
         self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in new_tags.items()])
         self.epochs_logged += 1
+
+    def _nodes_tag(self, run_id: str, node: str) -> dict[str, str]:
+        """``ray.node_ids``: every node the trial ran on, in order (a retried trial can move; ``ray.node_id`` is the
+        last one). Read back from the run once per driver process, so a restored sweep extends the list."""
+        nodes = self._nodes.get(run_id)
+        if nodes is None:
+            recorded = self.client.get_run(run_id).data.tags.get(NODES_TAG, "")
+            nodes = self._nodes[run_id] = [n for n in recorded.split(",") if n]
+        if node in nodes:
+            return {}
+        nodes.append(node)
+        return {NODES_TAG: ",".join(nodes)}
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.runs.get(trial.trial_id)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,15 +46,11 @@ def test_sweep_spreads_over_both_nodes(cluster: TwoNodeCluster, cluster_project:
     print(f"two-node sweep (2 trials x 1 epoch) took {seconds:.1f} s")
     manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
     assert {t["status"] for t in manifest["trials"]} == {"finished"} and len(manifest["trials"]) == 2
-    with sqlite3.connect(cluster_project.path / "mlflow.db") as db:
-        tags = db.execute("SELECT run_uuid, key, value FROM tags WHERE key IN ('mlflow.parentRunId', 'ray.node_id')")
-        by_run: dict[str, dict[str, str]] = {}
-        for run, key, value in tags:
-            by_run.setdefault(run, {})[key] = value
-    children = {run: t for run, t in by_run.items() if t.get("mlflow.parentRunId")}
-    assert {t["mlflow.parentRunId"] for t in children.values()} == {manifest["parent_run_id"]}
-    assert set(children) == {t["run_id"] for t in manifest["trials"]}
+    by_run = _run_tags(cluster_project.path / "mlflow.db")
+    children = {run: t for run, t in by_run.items() if t.get("mlflow.parentRunId") == manifest["parent_run_id"]}
+    assert set(children) == {t["run_id"] for t in manifest["trials"]}  # every trial's run, under the one parent
     assert {t["ray.node_id"] for t in children.values()} == {cluster.head.node_id, cluster.worker.node_id}
+    assert all(t["ray.node_ids"] == t["ray.node_id"] for t in children.values())  # nobody moved
     assert "shipping the code" in done.stderr and "cluster: 2 nodes share" in done.stderr
 
 
@@ -118,3 +117,62 @@ def _wait_for_alive_nodes(cluster: TwoNodeCluster, count: int, timeout_s: float 
     while subprocess.run(["python", "-c", code], env=env, capture_output=True).returncode != 0:
         assert time.monotonic() < deadline, f"the cluster still does not have {count} alive nodes"
         time.sleep(1)
+
+
+def _run_tags(db_path: Path) -> dict[str, dict[str, str]]:
+    with sqlite3.connect(db_path) as db:
+        by_run: dict[str, dict[str, str]] = {}
+        for run, key, value in db.execute("SELECT run_uuid, key, value FROM tags"):
+            by_run.setdefault(run, {})[key] = value
+    return by_run
+
+
+def _epochs_logged(db_path: Path, run_id: str) -> list[int]:
+    with sqlite3.connect(db_path) as db:
+        return [step for (step,) in db.execute(
+            "SELECT step FROM metrics WHERE run_uuid = ? AND key = 'test_acc' ORDER BY step", (run_id,))]  # fmt: skip
+
+
+def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
+    """SIGKILL of every process of the worker node while its trial trains: the trial finishes on the head from its
+    last checkpoint, in the same run, each epoch logged once, and the run names both nodes it ran on."""
+    params = tiny_cluster_params(sqlite_on_cluster=True)
+    params["train"]["epochs"] = 4
+    params["tracking"]["experiment"] = "it-cluster-kill"
+    cluster_project.write_params(params)
+    db = cluster_project.path / "mlflow.db"
+    command = [sys.executable, "-m", "stages.tune"]
+    stage = subprocess.Popen(command, cwd=cluster_project.path, env=cluster.driver_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    victim = None
+    try:
+        deadline = time.monotonic() + 300
+        while victim is None:  # the worker node's trial has logged its first epoch: kill the node
+            assert stage.poll() is None and time.monotonic() < deadline, "the worker node's trial never trained"
+            runs = _run_tags(db) if db.exists() else {}
+            on_worker = [r for r, t in runs.items() if t.get("ray.node_id") == cluster.worker.node_id
+                         and t.get("tune.status") != "finished"]  # fmt: skip
+            if on_worker and _epochs_logged(db, on_worker[0]):
+                victim = on_worker[0]
+                os.killpg(cluster.worker.process.pid, signal.SIGKILL)
+            time.sleep(0.2)
+        output, _ = stage.communicate(timeout=400)
+        assert stage.returncode == 0, output[-6000:]
+    finally:
+        if stage.poll() is None:
+            stage.kill()
+        cluster.worker.stop()
+        cluster.worker = cluster.start_node("worker", cluster.address)  # the other tests expect two nodes
+        cluster_project.write_params(tiny_cluster_params())
+    killed_at = _epochs_logged(db, victim)
+    manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
+    assert {t["status"] for t in manifest["trials"]} == {"finished"}
+    runs = _run_tags(db)
+    children = {r for r, t in runs.items() if t.get("mlflow.parentRunId") == manifest["parent_run_id"]}
+    assert children == {t["run_id"] for t in manifest["trials"]}  # one run per trial: no orphan from the retry
+    assert killed_at == [1, 2, 3, 4]  # every epoch once: none lost, none logged twice
+    assert runs[victim]["ray.node_ids"] == f"{cluster.worker.node_id},{cluster.head.node_id}"
+    assert runs[victim]["ray.node_id"] == cluster.head.node_id
+    print(f"killed trial's run: nodes {runs[victim]['ray.node_ids']}, epochs {killed_at}, "
+          f"retries {runs[victim].get('tune.retries')}")  # fmt: skip
+    _wait_for_alive_nodes(cluster, 2, timeout_s=120)

@@ -8,6 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep import tracking
+from pipeline.trial.report import WHERE_KEY
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +85,27 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
     steps = [m.step for m in mlflow.get_metric_history(run.info.run_id, "test_acc")]
     assert sorted(steps) == [1, 2, 3, 4]
     assert run.data.tags["tune.status"] == "finished" and run.info.status == "FINISHED"
+
+
+def test_every_node_a_trial_ran_on_is_recorded_across_a_restore(client) -> None:
+    """A retried trial can move to another node, a restored sweep continues the run: ``ray.node_ids`` lists every
+    node in order, once each; ``ray.node_id`` is the last."""
+    mlflow, experiment_id = client
+    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    trial = _Trial("t2")
+
+    def report(callback: tracking.MlflowTrialCallback, epoch: int, node: str) -> None:
+        result = {key: 0.5 for key in tracking.EPOCH_METRICS} | {"epoch": epoch, WHERE_KEY: {"ray.node_id": node}}
+        callback.on_trial_result(iteration=epoch, trials=[trial], trial=trial, result=result)
+
+    first = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    first.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    report(first, 1, "node-a")
+    report(first, 2, "node-b")  # retried on another node
+    restored = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    restored.set_state({"runs": dict(first.runs), "last_epoch": {"t2": 2}})
+    restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    report(restored, 3, "node-a")  # back on the first node after the restore
+    report(restored, 4, "node-c")
+    tags = mlflow.get_run(first.runs["t2"]).data.tags
+    assert tags[tracking.NODES_TAG] == "node-a,node-b,node-c" and tags["ray.node_id"] == "node-c"
