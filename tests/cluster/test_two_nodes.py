@@ -17,7 +17,8 @@ import pytest
 from tests.cluster.conftest import ClusterProject, TwoNodeCluster, tiny_cluster_params
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-FAIL_FAST_S = 30  # the stage's own start (torch, Ray, MLflow imports) is most of it on a busy 2-core machine
+FAIL_FAST_S = 60  # a hang guard: the stage's own start (torch, Ray, MLflow imports) is most of it on a busy machine
+CHECK_S = 5  # the attach check itself: Ray alone retries ~20 s before a bare ConnectionError
 
 
 def _failed_fast(done: subprocess.CompletedProcess, seconds: float, *needles: str) -> str:
@@ -29,6 +30,24 @@ def _failed_fast(done: subprocess.CompletedProcess, seconds: float, *needles: st
         assert needle in last, last
     assert seconds < FAIL_FAST_S, f"took {seconds:.1f} s: {last}"
     return last
+
+
+def _attach_check(project: ClusterProject, env: dict[str, str]) -> tuple[str, float]:
+    """The stage's attach check alone, timed after the imports: its message and seconds."""
+    code = ("import sys, time\n"
+            "from pipeline.config import parse_params\n"
+            "from pipeline.sweep.session import check_attachable, prepare_driver_env, ray_address\n"
+            "sweep = parse_params({}, 'test').sweep\n"
+            "prepare_driver_env(sweep)\n"
+            "import ray._raylet\n"
+            "started = time.monotonic()\n"
+            "try:\n    check_attachable(ray_address(sweep))\n    print('attached')\n"
+            "except ValueError as err:\n    print(err)\n"
+            "print(time.monotonic() - started)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=project.path, env=env, capture_output=True, text=True)
+    *_, message, seconds = done.stdout.strip().splitlines()
+    assert float(seconds) < CHECK_S, f"{message}: {seconds} s"
+    return message, float(seconds)
 
 
 def _dry_run(project: ClusterProject, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
@@ -55,21 +74,30 @@ def test_sweep_spreads_over_both_nodes(cluster: TwoNodeCluster, cluster_project:
 
 
 def test_wrong_token_fails_fast_naming_what_to_do(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
-    done, seconds = _dry_run(cluster_project, cluster.driver_env(RAY_AUTH_TOKEN="not-the-cluster-token-0123456789"))
-    _failed_fast(done, seconds, "sweep.ray_address", "refused the token from $RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+    env = cluster.driver_env(RAY_AUTH_TOKEN="not-the-cluster-token-0123456789")
+    done, seconds = _dry_run(cluster_project, env)
+    last = _failed_fast(
+        done, seconds, "sweep.ray_address", "refused the token from $RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+    )
+    message, check_s = _attach_check(cluster_project, env)
+    assert message in last
+    print(f"wrong token: stage exited 2 after {seconds:.1f} s, the check itself took {check_s:.3f} s")
 
 
 def test_missing_token_fails_fast(cluster: TwoNodeCluster, cluster_project: ClusterProject, tmp_path: Path) -> None:
     env = cluster.driver_env(RAY_AUTH_TOKEN_PATH=None, HOME=str(tmp_path))  # no ~/.ray/auth_token either
     done, seconds = _dry_run(cluster_project, env)
-    _failed_fast(done, seconds, "sweep.ray_address", "refused no token", "~/.ray/auth_token")
+    last = _failed_fast(done, seconds, "sweep.ray_address", "refused no token", "~/.ray/auth_token")
+    assert _attach_check(cluster_project, env)[0] in last
 
 
 def test_nothing_at_the_address_fails_fast(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
     from tests.cluster.conftest import free_port
 
-    done, seconds = _dry_run(cluster_project, cluster.driver_env(RAY_ADDRESS=f"127.0.0.1:{free_port()}"))
-    _failed_fast(done, seconds, "sweep.ray_address: cannot attach")
+    env = cluster.driver_env(RAY_ADDRESS=f"127.0.0.1:{free_port()}")
+    done, seconds = _dry_run(cluster_project, env)
+    last = _failed_fast(done, seconds, "sweep.ray_address: cannot attach")
+    assert _attach_check(cluster_project, env)[0] in last
 
 
 def test_sqlite_store_on_a_multi_node_cluster_is_refused(
@@ -144,7 +172,7 @@ def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project
     command = [sys.executable, "-m", "stages.tune"]
     stage = subprocess.Popen(command, cwd=cluster_project.path, env=cluster.driver_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    victim = None
+    victim, killed_node = None, cluster.worker.node_id
     try:
         deadline = time.monotonic() + 300
         while victim is None:  # the worker node's trial has logged its first epoch: kill the node
@@ -171,7 +199,7 @@ def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project
     children = {r for r, t in runs.items() if t.get("mlflow.parentRunId") == manifest["parent_run_id"]}
     assert children == {t["run_id"] for t in manifest["trials"]}  # one run per trial: no orphan from the retry
     assert killed_at == [1, 2, 3, 4]  # every epoch once: none lost, none logged twice
-    assert runs[victim]["ray.node_ids"] == f"{cluster.worker.node_id},{cluster.head.node_id}"
+    assert runs[victim]["ray.node_ids"] == f"{killed_node},{cluster.head.node_id}"
     assert runs[victim]["ray.node_id"] == cluster.head.node_id
     print(f"killed trial's run: nodes {runs[victim]['ray.node_ids']}, epochs {killed_at}, "
           f"retries {runs[victim].get('tune.retries')}")  # fmt: skip
