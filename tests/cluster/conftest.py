@@ -64,7 +64,8 @@ class TwoNodeCluster:
 
     def start_node(self, role: str, where: str, prefix: Sequence[str] = ()) -> RayNode:
         log = self.temp_dir / f"node-{len(list(self.temp_dir.glob('node-*.log')))}.log"
-        command = [*prefix, sys.executable, str(NODE_SCRIPT), role, where, str(free_port()), str(free_port())]
+        ports = [str(free_port()) for _ in range(3)]  # agent, metrics, dashboard (the head starts one even without UI)
+        command = [*prefix, sys.executable, str(NODE_SCRIPT), role, where, *ports]
         with log.open("w") as err:
             process = subprocess.Popen(command, env=self.node_env, stdout=subprocess.PIPE, stderr=err, text=True,
                                        start_new_session=True)  # fmt: skip
@@ -105,16 +106,14 @@ def cluster() -> Iterator[TwoNodeCluster]:
         node_env.pop(key, None)
     port = free_port()
     holder = TwoNodeCluster(f"127.0.0.1:{port}", token_file, temp_dir, node_env, None, None)  # type: ignore[arg-type]
-    nodes: list[RayNode] = []
     try:
         holder.head = holder.start_node("head", str(port))
-        nodes.append(holder.head)
         holder.worker = holder.start_node("worker", holder.address)
-        nodes.append(holder.worker)
         yield holder
-    finally:
-        for node in [*holder.extra, *reversed(nodes)]:
-            node.stop()
+    finally:  # the nodes as they are now: a test may have replaced the worker
+        for node in [*holder.extra, holder.worker, holder.head]:
+            if node is not None:
+                node.stop()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
