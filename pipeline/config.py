@@ -149,6 +149,9 @@ class SweepConfig(_Section):
     max_concurrent_trials: PositiveInt = 2
     max_failures: Annotated[int, Field(ge=-1)] = 2
     asha: AshaConfig = AshaConfig()
+    # false: a trial whose identity (model, train config with seed, data, trial code) already has a finished run in
+    # the tracking store is reused, an unfinished one continues from its checkpoint. true: every trial trains anew.
+    retrain: bool = False
     # None: RAY_ADDRESS if set, else a local Ray. "auto" or "host:port": attach to that cluster.
     ray_address: str | None = None
     # Ray results (checkpoints to restore from); relative paths resolve against the project root.

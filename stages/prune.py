@@ -10,7 +10,10 @@ Writes: results/prune/manifest.json  per pruned model: source and fine-tuning ru
 Side effects: pruned checkpoints and Ray results under sweep.storage_path/prune-<hash>; MLflow runs (a prune-<hash>
 parent in the sweep's experiment, one child per model, metrics from step 0 = right after pruning).
 Refused before Ray starts: a missing or stale tune manifest, checkpoints that no longer exist, a variant without
-covariances (learned encoding, ResNet18). --dry-run prints which heads would go and what it saves; trains nothing.
+covariances (learned encoding, ResNet18). --dry-run prints which heads would go, what it saves and whether each
+model's fine-tuning reuses a finished run, resumes one or trains; trains nothing.
+A pruned model's identity is its source trial's identity plus the prune section: a finished fine-tuning run of it is
+reused (sweep.retrain: true trains anew), so a grown sweep prunes and fine-tunes only its new models.
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         check_tracking_server(manifest.tracking_uri, f"{TUNE_MANIFEST} (tracking_uri)")
         tracking.check_runs_exist(manifest.tracking_uri, [s.run_id for s in sources], TUNE_MANIFEST)
     plans = [plan_pruning(params, source) for source in sources]
+    from pipeline.prune.run import prune_decisions, run_prune
+
     if args.dry_run:
-        print(format_plans(plans, skipped, params))
+        actions = {key: d.describe() for key, d in prune_decisions(params, manifest, plans).items()} if plans else {}
+        print(format_plans(plans, skipped, params, actions))
         return 0
     from pipeline.data.prepared import load_prepared
-    from pipeline.prune.run import run_prune
 
     data = load_prepared(root / params.data.prepared_dir)
     outcome = run_prune(params, data, root, manifest, plans, skipped)

@@ -6,8 +6,12 @@ Writes: results/tune/manifest.json  MLflow tracking URI, experiment and parent r
         results/tune/metrics.json   final test accuracy per variant (mean/std over seeds) for `dvc metrics show`
 Side effects (never DVC outs): MLflow runs (tracking.uri, default sqlite <project>/mlflow.db) and Ray results
 (sweep.storage_path/tune-<params hash>). An interrupted run (Ctrl-C) is restored from there by the next run.
+Trials are found by identity (model, train config with seed, prepared data, trial code) in the MLflow store: a
+finished run is reused, an unfinished one continues from its checkpoint, only the rest train (sweep.retrain or
+--retrain: train every trial anew). A grown sweep (a seed or a variant more) trains only its new trials.
 Ray: attaches to sweep.ray_address or $RAY_ADDRESS when set (token from $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or
-~/.ray/auth_token; this checkout shipped as the job's working_dir), else starts a local Ray. --dry-run starts nothing.
+~/.ray/auth_token; this checkout shipped as the job's working_dir), else starts a local Ray. --dry-run starts
+nothing and prints per trial "reuse run X", "resume run X from epoch k" or "train".
 Checked first (also by --dry-run): a local machine can hold one trial's sweep.resources, sweep.storage_path can be
 written, an http(s) tracking.uri answers; on a cluster, that it answers with this token within seconds and, with
 several nodes, that every node shares sweep.storage_path and imports the driver's trial code, and tracking.uri is
@@ -32,6 +36,8 @@ OUT_DIR = Path("results/tune")  # relative to the working directory, like every 
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
+    if args.retrain:
+        params = params.model_copy(update={"sweep": params.sweep.model_copy(update={"retrain": True})})
     prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
     # These import Ray and MLflow: after params are valid, so --help and bad params stay fast.
     from pipeline.sweep.plan import format_plan, preflight
@@ -51,7 +57,8 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     manifest = outcome.manifest()
     write_tune_manifest(OUT_DIR / "manifest.json", manifest)
     write_json_atomic(OUT_DIR / "metrics.json", manifest.metrics_summary())
-    log.info("wrote %s (parent run %s)", OUT_DIR / "manifest.json", outcome.sweep.parent_run_id)
+    log.info("wrote %s (parent run %s; %d trial(s) trained or resumed, %d reused)", OUT_DIR / "manifest.json",
+             outcome.sweep.parent_run_id, outcome.trained, len(manifest.trials) - outcome.trained)  # fmt: skip
     if outcome.failed:
         log.error("some trials failed after their retries; re-run to resume them from their checkpoints")
         return 1
@@ -60,6 +67,12 @@ def stage(args: argparse.Namespace, params: Params) -> int:
 
 parser = make_parser(__doc__)
 parser.add_argument("--dry-run", action="store_true", help="print the trial grid and where it would run; start nothing")
+parser.add_argument(
+    "--retrain",
+    action="store_true",
+    help="train every trial anew, even where a finished run of it exists (as "
+    "sweep.retrain: true; `dvc exp run -S sweep.retrain=true` records it in params)",
+)
 main = main_for(stage, parser)
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ class PrunedModel:
     checkpoint_dir: str | None  # the last fine-tuning checkpoint
     decisions: list[list[dict[str, Any]]]  # per layer and head: eigenvalues, criteria, cut or kept and why
     metrics: dict[str, float] = field(default_factory=dict)  # the last fine-tuning epoch's report
+    prune_key: str | None = None  # identity: the source trial's key and the prune config
+    reused: bool = False  # an earlier prune run's finished fine-tuning run of the same identity, not trained again
 
 
 @dataclass

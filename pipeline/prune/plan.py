@@ -111,16 +111,20 @@ def plan_pruning(params: Params, source: TrialRecord) -> PrunePlan:
     )  # fmt: skip
 
 
-def format_plans(plans: list[PrunePlan], skipped: list[dict[str, str]], params: Params) -> str:
-    """The dry run: per model, the heads cut per layer and why, and the parameters and FLOPs it saves."""
+def format_plans(
+    plans: list[PrunePlan], skipped: list[dict[str, str]], params: Params, actions: dict[str, str] | None = None
+) -> str:
+    """The dry run: per model, the heads cut per layer and why, the parameters and FLOPs it saves, and (``actions``)
+    whether its fine-tuning would reuse a finished run, resume one or train."""
     cfg = params.prune
     rule = (f"threshold (the paper's): largest eigenvalue < {cfg.min_eigenvalue:g} or condition number > "
             f"{cfg.max_condition:g}" if cfg.mode == "threshold"
             else f"fraction (ours): per layer the {cfg.fraction:g} most degenerate heads, at least one")  # fmt: skip
     lines = [f"rule: {rule}", f"fine-tuning: {cfg.epochs} epochs at lr {params.train.lr * cfg.lr_factor:g}", ""]
     for plan in plans:
+        action = f"; fine-tuning: {actions[plan.key]}" if actions and plan.key in actions else ""
         lines.append(f"{plan.key} (run {plan.source.run_id}): heads cut per layer {plan.pruned_heads}, "
-                     f"left {plan.heads_per_layer}")  # fmt: skip
+                     f"left {plan.heads_per_layer}{action}")  # fmt: skip
         for layer in plan.decisions:
             lines += [f"    layer {d['layer'] + 1} head {d['head']}: {d['reason']}" for d in layer if d["pruned"]]
         lines.append(

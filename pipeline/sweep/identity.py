@@ -1,4 +1,9 @@
-"""What names a sweep: the trial code, the params its trials depend on and the prepared data, hashed.
+"""What names a trial and a sweep: the trial code, the params their results depend on and the prepared data, hashed.
+
+A trial's identity (``trial_key``) is exactly what determines its result: the variant's model config, the train
+config with the trial's seed, the prepared data's content hash and the trial code's hash. Not where it runs, how many
+run at once or which other trials share its sweep: a grown sweep (a seed more, a variant more) finds its existing
+trials by this key in the tracking store and reuses them (``pipeline.sweep.reuse``).
 
 ``TRIAL_CODE`` is the one declaration of the code that runs inside a Ray trial and so may change a trained result:
 the sweep's identity hashes exactly these files, and the tune stage's code ``deps`` in ``dvc.yaml`` are exactly
@@ -45,14 +50,29 @@ def code_hash(root: Path = PROJECT_ROOT) -> str:
     return digest.hexdigest()[:12]
 
 
+def trial_key(params: Params, variant: str, seed: int, data_hash: str) -> str:
+    """Identity of one trial: its model config, its train config (with its seed), the prepared data's content hash and
+    the trial code. Two trials with the same key train to the same result, so a finished one is never trained twice."""
+    identity = {
+        "model": params.model_for(variant).model_dump(mode="json"),
+        "train": params.train.model_copy(update={"seed": seed}).model_dump(mode="json"),
+        "data": data_hash,
+        "code": code_hash(),
+    }
+    return params_hash(identity)
+
+
 def sweep_hash(params: Params, data_hash: str) -> str:
-    """Identity of the sweep: every param the trials' results depend on (not where it runs or is stored), the
-    trial code and the prepared data's content hash (a re-prepared dataset is a new sweep)."""
+    """Identity of the sweep (its Ray experiment and MLflow parent run): every param of its trials and of how Tune
+    runs them, the trial code and the prepared data's content hash; not where it runs, where data, results and
+    runs are stored (``sweep.ray_address``, ``sweep.storage_path``, the ``data`` paths, ``tracking``), so a moved
+    project or a cluster finds the same sweep."""
     identity = params.model_dump(mode="json")
     for where in ("ray_address", "storage_path"):
         identity["sweep"].pop(where)
+    identity.pop("tracking")
     identity["code"] = code_hash()
-    identity["data"] = data_hash
+    identity["data"] = data_hash  # the content, in place of the section (which names the paths)
     return params_hash(identity)
 
 

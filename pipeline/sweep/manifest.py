@@ -40,6 +40,9 @@ class TrialRecord:
     checkpoint_dir: str | None  # absolute path of the last checkpoint dir (checkpoint.pt, head_history.json)
     head_history: str | None  # absolute path of head_history.json (None: the model has no Gaussian heads)
     artifacts: dict[str, str] = field(default_factory=dict)  # MLflow artifact URIs of the same files
+    trial_key: str | None = None  # the trial's identity (model, train config with seed, data, trial code)
+    reused: bool = False  # an earlier sweep's finished run of the same identity, not trained again
+    sweep_run_id: str | None = None  # the parent run of the sweep that started the run (this one or an earlier one)
 
 
 @dataclass

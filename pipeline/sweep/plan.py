@@ -10,13 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 from ray import tune
 
 from pipeline.config import Params
 from pipeline.io import check_creatable_dir, check_tracking_server
 from pipeline.sweep import tracking
 from pipeline.sweep.cluster import check_cluster
-from pipeline.sweep.identity import experiment_name, prepared_data_hash
+from pipeline.sweep.identity import experiment_name, prepared_data_hash, trial_key
+from pipeline.sweep.reuse import REUSE, TrialPlan, plan_trials, read_plan
 from pipeline.sweep.session import check_attachable, check_fits, local_capacity, ray_address
 
 METRIC, MODE = "test_acc", "max"  # the one place the sweep's objective is named (ASHA, best trial)
@@ -32,6 +35,12 @@ def trial_grid(params: Params) -> list[dict[str, Any]]:
     """One row per trial (variants x seeds), with the resources each one asks Ray for."""
     resources = params.sweep.resources.model_dump()
     return [{"variant": v, "seed": s, **resources} for s in params.sweep.seeds for v in params.sweep.variants]
+
+
+def sweep_plans(params: Params, data_hash: str, uri: str, experiment_id: str | None) -> list[TrialPlan]:
+    """Per trial of the grid (variants x seeds, in that order): reuse, resume or train (``pipeline.sweep.reuse``)."""
+    trials = [(v, s, trial_key(params, v, s, data_hash)) for s in params.sweep.seeds for v in params.sweep.variants]
+    return plan_trials(uri, experiment_id, trials, params.train.epochs, retrain=params.sweep.retrain)
 
 
 def preflight(params: Params, project_root: Path) -> None:
@@ -58,21 +67,48 @@ def preflight(params: Params, project_root: Path) -> None:
         check_cluster(params, address, storage, uri, nodes)
 
 
+def planned_trials(params: Params, project_root: Path, data_hash: str | None) -> tuple[list[TrialPlan] | None, str]:
+    """What the sweep would do with each trial (reuse / resume / train) and the sweep's state, read without creating
+    anything: the restored sweep's own plan, else a look-up in the tracking store (None when it cannot answer)."""
+    path = storage_dir(params, project_root) / experiment_name(params, data_hash or "missing")
+    uri = tracking.tracking_uri(params.tracking, project_root)
+    if data_hash is None:
+        return None, "new"
+    if tune.Tuner.can_restore(str(path)):
+        state = "interrupted: would restore it"
+        if tracking.sweep_finished(path):
+            state = "finished: nothing to train (`dvc repro --force` restores it and trains nothing)"
+        return read_plan(path), state
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return None, "new"  # no store yet, so no earlier runs (and a dry run creates none)
+    try:
+        check_tracking_server(uri, "tracking.uri")
+        experiment = MlflowClient(uri).get_experiment_by_name(params.tracking.experiment)
+    except (ValueError, MlflowException) as err:
+        return None, f"new (cannot look up earlier runs: {err})"
+    experiment_id = experiment.experiment_id if experiment and experiment.lifecycle_stage == "active" else None
+    return sweep_plans(params, data_hash, uri, experiment_id), "new"
+
+
 def format_plan(params: Params, project_root: Path) -> str:
-    """The dry run, human-readable: the trial grid, resources, and where it would run and be recorded."""
+    """The dry run, human-readable: per trial what would happen (reuse a run, resume it, train), resources, and where
+    it would run and be recorded."""
     data = project_root / params.data.prepared_dir
     data_hash = prepared_data_hash(params, project_root)
     path = storage_dir(params, project_root) / experiment_name(params, data_hash or "missing")
     address = ray_address(params.sweep)
+    plans, state = planned_trials(params, project_root, data_hash)
+    action = {(p.variant, p.seed): p.describe() for p in plans or []}
     grid = trial_grid(params)
-    lines = [f"{'variant':<20} {'seed':>4} {'cpu':>5} {'gpu':>5}"]
-    lines += [f"{t['variant']:<20} {t['seed']:>4} {t['cpu']:>5g} {t['gpu']:>5g}" for t in grid]
+    lines = [f"{'variant':<20} {'seed':>4} {'cpu':>5} {'gpu':>5}  plan"]
+    lines += [f"{t['variant']:<20} {t['seed']:>4} {t['cpu']:>5g} {t['gpu']:>5g}  "
+              f"{action.get((t['variant'], t['seed']), 'train')}" for t in grid]  # fmt: skip
     asha = params.sweep.asha
     scheduler = f"ASHA (grace {asha.grace_period}, reduction {asha.reduction_factor})" if asha.enabled else "none"
-    state = "would RESTORE the interrupted sweep" if tune.Tuner.can_restore(str(path)) else "new"
+    to_train = sum(p.action != REUSE for p in plans) if plans is not None else len(grid)
     lines += [
         "",
-        f"trials: {len(grid)}, {params.train.epochs} epochs each, "
+        f"trials: {len(grid)} ({to_train} to train or resume), {params.train.epochs} epochs each, "
         f"at most {params.sweep.max_concurrent_trials} at a time, {params.sweep.max_failures} retries each",
         f"scheduler: {scheduler}, on {METRIC} ({MODE})",
         f"ray: {'attach to the cluster at ' + address if address else 'start a local Ray on this machine'}",

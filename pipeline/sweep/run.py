@@ -2,12 +2,14 @@
 
 Why it is built this way:
 - Only ``ray.tune.*`` APIs: reporting through Ray Train inside a Tune function is a hard error in Ray 2.60.
-- A trial's config is ``{"variant", "seed", "fail_once_after_epoch"}``: small, so Tune's progress output stays
-  readable, and the seed is in ``param_space`` (reproducible). The validated params (as JSON) and the dataset go
-  through the object store (``with_parameters``); the trainable (``pipeline.trial.trainable``) rebuilds its typed
-  config from them (``params.model_for(variant)``, ``params.train`` with the seed) without reading any file. They
-  cannot drift on restore: the experiment name is their hash. The callback logs the trial's full config as MLflow
-  params.
+- Only the trials that are not reused go to Tune (``pipeline.sweep.reuse``): a trial whose identity already has a
+  finished run is listed with that run, an unfinished one continues it from its checkpoint.
+- A trial's config is ``{"variant", "seed", "resume_from", "resume_run", "fail_once_after_epoch"}``: small, so
+  Tune's progress output stays readable, and the seed is in ``param_space`` (reproducible). The validated params
+  (as JSON) and the dataset go through the object store (``with_parameters``); the trainable
+  (``pipeline.trial.trainable``) rebuilds its typed config from them (``params.model_for(variant)``, ``params.train``
+  with the seed) without reading any file. They cannot drift on restore: the experiment name is their hash. The
+  callback logs the trial's full config as MLflow params.
 - Every epoch reports with a checkpoint; a failed trial is retried from it (``FailureConfig``) and an interrupted
   sweep is restored (``Tuner.restore``) because the experiment name is a hash of the params and ``storage_path`` is
   absolute. Trials never use their working directory: Ray moves them into scratch directories.
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search import BasicVariantGenerator
@@ -30,9 +34,10 @@ from ray.tune.search import BasicVariantGenerator
 from pipeline.config import Params, parse_params
 from pipeline.data.prepared import PreparedData, content_hash
 from pipeline.sweep import tracking
-from pipeline.sweep.identity import code_hash, experiment_name
-from pipeline.sweep.manifest import ERROR, INTERRUPTED, STAGE, TrialRecord, TuneManifest
-from pipeline.sweep.plan import METRIC, MODE, preflight, storage_dir
+from pipeline.sweep.identity import code_hash, experiment_name, trial_key
+from pipeline.sweep.manifest import ERROR, FINISHED, INTERRUPTED, STAGE, TrialRecord, TuneManifest
+from pipeline.sweep.plan import METRIC, MODE, preflight, storage_dir, sweep_plans
+from pipeline.sweep.reuse import KEY_TAG, RESUME, REUSE, TrialPlan, read_plan, write_plan
 from pipeline.sweep.session import ray_session
 from pipeline.trial.report import HEAD_HISTORY_FILE
 from pipeline.trial.trainable import train_trial
@@ -40,8 +45,9 @@ from pipeline.trial.trainable import train_trial
 log = logging.getLogger(__name__)
 
 
-def trial_run_info(config: dict[str, Any], params_json: dict[str, Any]) -> tracking.TrialInfo:
-    """Run name, flattened params and tags of a trial's MLflow run (called by the driver-side callback)."""
+def trial_run_info(config: dict[str, Any], params_json: dict[str, Any], data_hash: str) -> tracking.TrialInfo:
+    """Run name, flattened params and tags (with its ``trial_key``) of a trial's MLflow run (called by the driver-side
+    callback)."""
     params = parse_params(params_json, "trial params")
     variant, seed = config["variant"], config["seed"]
     train_cfg = params.train.model_copy(update={"seed": seed})
@@ -51,7 +57,8 @@ def trial_run_info(config: dict[str, Any], params_json: dict[str, Any]) -> track
         "sweep": params.sweep.model_dump(mode="json", include={"resources", "asha", "max_failures",
                                                                  "fail_once_after_epoch"}),
     }  # fmt: skip
-    tags = {"variant": variant, "seed": str(seed)}  # the sweep's own tags (params hash, commit, stage) are added too
+    tags = {"variant": variant, "seed": str(seed), KEY_TAG: trial_key(params, variant, seed, data_hash)}
+    # the sweep's own tags (params hash, commit, stage) are added too
     return tracking.TrialInfo(f"{variant}-seed{seed}", tracking.flatten(logged), tags)
 
 
@@ -64,6 +71,12 @@ class SweepOutcome:
     trials: list[TrialRecord]
     mlflow_calls: dict[str, int] = field(default_factory=dict)  # client requests by method, this run
     epochs_logged: int = 0
+    plans: list[TrialPlan] = field(default_factory=list)  # per trial: reused, resumed or trained
+
+    @property
+    def trained(self) -> int:
+        """Trials that went to Tune in this run (trained or resumed), as opposed to reused."""
+        return sum(plan.action != REUSE for plan in self.plans)
 
     @property
     def interrupted(self) -> bool:
@@ -89,10 +102,10 @@ def build_tuner(
     callback: tracking.MlflowTrialCallback,
     *,
     restore: bool,
-    trials: list[dict[str, Any]] | None = None,
+    trials: list[dict[str, Any]],
 ) -> tune.Tuner:
-    """The Tuner of ``params.sweep``'s grid (variants x seeds), or of exactly the trial configs ``trials`` (the
-    prune stage's fine-tuning runs); restored from ``path`` when ``restore``."""
+    """The Tuner of exactly the trial configs ``trials`` (each ``{"variant", "seed", ...}``: the sweep's trials that
+    are not reused, or the prune stage's fine-tuning runs); restored from ``path`` when ``restore``."""
     # Checkpointing every epoch with num_to_keep forces a state snapshot every few reports; each takes milliseconds
     # here, but short epochs make Tune warn on every one. Only that warning is switched off (user's value wins).
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -109,13 +122,13 @@ def build_tuner(
         tuner._local_tuner.get_run_config().callbacks = [callback]
         return tuner
     asha = params.sweep.asha
-    scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=params.train.epochs,
+    # On the trial's epoch, not Tune's iteration count: a trial resumed from an earlier sweep's checkpoint starts at
+    # its epoch k + 1 but at iteration 1.
+    scheduler = (ASHAScheduler(time_attr="epoch", max_t=params.train.epochs,
                                grace_period=asha.grace_period, reduction_factor=asha.reduction_factor)
                  if asha.enabled else None)  # fmt: skip
-    space: dict[str, Any] = {"variant": tune.grid_search(list(params.sweep.variants)),
-                             "seed": tune.grid_search(list(params.sweep.seeds))}  # fmt: skip
-    if trials is not None:  # each listed config once: Tune runs points_to_evaluate first, one per sample
-        space = {key: None for trial in trials for key in trial}
+    # Each listed config once: Tune runs points_to_evaluate first, one per sample.
+    space: dict[str, Any] = {key: None for trial in trials for key in trial}
     space["fail_once_after_epoch"] = params.sweep.fail_once_after_epoch
     return tune.Tuner(
         trainable,
@@ -123,8 +136,8 @@ def build_tuner(
         tune_config=tune.TuneConfig(
             metric=METRIC,
             mode=MODE,
-            scheduler=scheduler if trials is None else None,
-            num_samples=1 if trials is None else len(trials),
+            scheduler=scheduler,
+            num_samples=len(trials),
             # max_concurrent here: TuneConfig.max_concurrent_trials is ignored with a search_alg instance.
             search_alg=BasicVariantGenerator(
                 points_to_evaluate=trials, random_state=params.seed, max_concurrent=params.sweep.max_concurrent_trials
@@ -142,10 +155,20 @@ def build_tuner(
     )
 
 
+def trial_config(plan: TrialPlan) -> dict[str, Any]:
+    """A trial's Tune config: its variant and seed, and for a resumed trial the checkpoint and MLflow run it
+    continues (``pipeline.trial.trainable``, ``MlflowTrialCallback.on_trial_start``)."""
+    resume = plan.action == RESUME
+    return {"variant": plan.variant, "seed": plan.seed, "resume_from": plan.checkpoint_dir if resume else None,
+            "resume_run": plan.run_id if resume else None}  # fmt: skip
+
+
 def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOutcome:
-    """Run (or restore and finish) the sweep; the driver opens the MLflow parent run before any trial starts."""
+    """Run (or restore and finish) the trials of the sweep that are not reused; the driver opens the MLflow parent
+    run and decides what to reuse before any trial starts."""
     preflight(params, project_root)
-    name = experiment_name(params, content_hash(data))
+    data_hash = content_hash(data)
+    name = experiment_name(params, data_hash)
     path = storage_dir(params, project_root) / name
     restored = tune.Tuner.can_restore(str(path))
     uri = tracking.tracking_uri(params.tracking, project_root)
@@ -158,17 +181,49 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
         tags={**base_tags, "ray.experiment_path": str(path), "sweep.role": "parent"}, params=sweep_params,
         project_root=project_root,
     )  # fmt: skip
-    run_info = functools.partial(trial_run_info, params_json=params.model_dump(mode="json"))
+    # A restored sweep continues the plan it was started with (its Tune experiment holds exactly those trials).
+    plans = read_plan(path) if restored else None
+    if plans is None:
+        plans = sweep_plans(params, data_hash, uri, sweep.experiment_id)
+        write_plan(path, plans)
+    to_train = [trial_config(plan) for plan in plans if plan.action != REUSE]
+    log.info("sweep %s: %s", name, ", ".join(f"{p.variant} seed {p.seed}: {p.describe()}" for p in plans))
+    run_info = functools.partial(trial_run_info, params_json=params.model_dump(mode="json"), data_hash=data_hash)
     callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs)
-    records = fit_tracked(params, data, path, sweep, callback, restore=restored)
-    outcome = SweepOutcome(name, str(path), restored, sweep, records, dict(callback.calls), callback.epochs_logged)
+    records = fit_tracked(params, data, path, sweep, callback, restore=restored, trials=to_train) if to_train else []
+    records = sorted(records + reused_records(sweep, plans), key=lambda r: (r.variant, r.seed))
+    outcome = SweepOutcome(name, str(path), restored, sweep, records, dict(callback.calls), callback.epochs_logged,
+                           plans)  # fmt: skip
     if outcome.interrupted:
-        closed = tracking.close_interrupted(sweep)
+        closed = tracking.close_interrupted(sweep, callback.runs.values())
         log.warning("sweep interrupted: %d trial run(s) marked KILLED; re-run to restore it from %s", closed, path)
     else:
+        tracking.record_sweep_trials(sweep, [{**plan.to_dict(), "run_id": _run_of(plan, records)} for plan in plans])
         tracking.finish_sweep(sweep, "FAILED" if outcome.failed else "FINISHED",
-                              {"tune.trials": str(len(outcome.trials))})  # fmt: skip
+                              {"tune.trials": str(len(outcome.trials)), "tune.trials_trained": str(outcome.trained),
+                               "tune.trials_reused": str(len(plans) - outcome.trained)})  # fmt: skip
     return outcome
+
+
+def _run_of(plan: TrialPlan, records: list[TrialRecord]) -> str | None:
+    return next((r.run_id for r in records if (r.variant, r.seed) == (plan.variant, plan.seed)), plan.run_id)
+
+
+def reused_records(sweep: tracking.SweepRun, plans: list[TrialPlan]) -> list[TrialRecord]:
+    """The manifest's records of the reused trials, read from their finished runs."""
+    reused = [plan for plan in plans if plan.action == REUSE]
+    if not reused:
+        return []
+    client = MlflowClient(sweep.tracking_uri)
+    records = []
+    for plan in reused:
+        run = client.get_run(str(plan.run_id))
+        metrics = {**run.data.metrics, "epoch": plan.epoch}  # the latest value of each; the epoch is their step
+        record = _record(run.data.tags.get("ray.trial_id", ""), run, plan.variant, plan.seed, FINISHED, metrics,
+                         plan.checkpoint_dir)  # fmt: skip
+        record.reused = True
+        records.append(record)
+    return records
 
 
 def fit_tracked(
@@ -179,40 +234,50 @@ def fit_tracked(
     callback: tracking.MlflowTrialCallback,
     *,
     restore: bool,
-    trials: list[dict[str, Any]] | None = None,
+    trials: list[dict[str, Any]],
 ) -> list[TrialRecord]:
     """Run the Tuner in a Ray session and read back one record per trial; whatever stops it, no run stays RUNNING."""
     try:
         with ray_session(params.sweep):
             results = build_tuner(params, data, path, callback, restore=restore, trials=trials).fit()
-        return trial_records(results, sweep)
+        return trial_records(results, sweep, callback.runs)
     except BaseException:  # a lost cluster, a second Ctrl-C, an MLflow error: never leave runs RUNNING
-        tracking.close_interrupted(sweep)
+        tracking.close_interrupted(sweep, callback.runs.values())
         raise
 
 
-def trial_records(results: tune.ResultGrid, sweep: tracking.SweepRun) -> list[TrialRecord]:
-    """One record per trial of ``results``, with its MLflow run (found by trial id, else by its variant/seed tags)."""
+def trial_records(results: tune.ResultGrid, sweep: tracking.SweepRun, run_ids: dict[str, str]) -> list[TrialRecord]:
+    """One record per trial of ``results``, with its MLflow run: the callback's ``run_ids`` (trial id -> run id, which
+    includes runs continued from an earlier sweep), else the sweep's child run tagged with its trial id or its
+    variant and seed (a trial that failed before its first report)."""
     runs = tracking.child_runs(sweep)
+    client = MlflowClient(sweep.tracking_uri)
+    runs |= {trial_id: client.get_run(run_id) for trial_id, run_id in run_ids.items() if trial_id not in runs}
     by_variant_seed = {(run.data.tags.get("variant"), run.data.tags.get("seed")): run for run in runs.values()}
     records = []
     for result in results:
         trial_id = result.metrics.get("trial_id") or Path(result.path).name
-        # A trial that failed before its first report has no trial_id in its metrics; its run is still tagged.
         run = runs.get(trial_id) or by_variant_seed.get((result.config["variant"], str(result.config["seed"])))
-        epoch = int(result.metrics.get("epoch", 0))
         status = ERROR if result.error is not None else tracking.trial_outcome(run)
         checkpoint = result.checkpoint.path if result.checkpoint is not None else None
-        history = str(Path(checkpoint) / HEAD_HISTORY_FILE) if checkpoint else None
-        history = history if history and Path(history).is_file() else None
-        artifacts = {}
-        if run is not None and "tune.checkpoint" in run.data.tags:  # set only once the upload succeeded
-            base = f"runs:/{run.info.run_id}/checkpoint"
-            artifacts = {"checkpoint": base} | ({"head_history": f"{base}/{HEAD_HISTORY_FILE}"} if history else {})
-        metrics = {k: float(result.metrics[k]) for k in ("epoch", *tracking.EPOCH_METRICS) if k in result.metrics}
-        records.append(TrialRecord(
-            trial_id, run.info.run_id if run else None, run.info.run_name if run else None,
-            result.config["variant"], int(result.config["seed"]), status, epoch, metrics, checkpoint, history,
-            artifacts,
-        ))  # fmt: skip
-    return sorted(records, key=lambda r: (r.variant, r.seed))
+        records.append(_record(trial_id, run, result.config["variant"], int(result.config["seed"]), status,
+                               result.metrics, checkpoint))  # fmt: skip
+    return records
+
+
+def _record(trial_id: str, run: Run | None, variant: str, seed: int, status: str, metrics: dict[str, Any],
+            checkpoint: str | None) -> TrialRecord:  # fmt: skip
+    """A manifest record from a trial's last metrics and checkpoint and its MLflow run."""
+    history = str(Path(checkpoint) / HEAD_HISTORY_FILE) if checkpoint else None
+    history = history if history and Path(history).is_file() else None
+    artifacts = {}
+    if run is not None and "tune.checkpoint" in run.data.tags:  # set only once the upload succeeded
+        base = f"runs:/{run.info.run_id}/checkpoint"
+        artifacts = {"checkpoint": base} | ({"head_history": f"{base}/{HEAD_HISTORY_FILE}"} if history else {})
+    values = {k: float(metrics[k]) for k in ("epoch", *tracking.EPOCH_METRICS) if k in metrics}
+    tags = run.data.tags if run is not None else {}
+    return TrialRecord(
+        trial_id, run.info.run_id if run else None, run.info.run_name if run else None, variant, seed, status,
+        int(values.get("epoch", 0)), values, checkpoint, history, artifacts, trial_key=tags.get(KEY_TAG),
+        sweep_run_id=tags.get("mlflow.parentRunId"),
+    )  # fmt: skip

@@ -18,7 +18,7 @@ import logging
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from ray.tune import Callback
 
 from pipeline.config import TrackingConfig
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
+from pipeline.sweep.reuse import TRIAL_PATH_TAG
 from pipeline.trial.report import METRIC_KEYS, WHERE_KEY
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,18 @@ def open_sweep_run(
     return sweep
 
 
+def sweep_finished(experiment_dir: Path) -> bool:
+    """Whether the parent run recorded in ``experiment_dir`` ended FINISHED (False when it cannot be told)."""
+    record = experiment_dir / PARENT_FILE
+    if not record.is_file():
+        return False
+    saved = json.loads(record.read_text())
+    try:
+        return MlflowClient(saved["tracking_uri"]).get_run(saved["parent_run_id"]).info.status == "FINISHED"
+    except MlflowException:
+        return False
+
+
 def child_runs(sweep: SweepRun) -> dict[str, Any]:
     """The sweep's child runs keyed by ``ray.trial_id``."""
     client = MlflowClient(sweep.tracking_uri)
@@ -206,15 +219,24 @@ def trial_outcome(run: Any | None) -> str:
     return label if label in (FINISHED, EARLY_STOPPED, ERROR) else INTERRUPTED
 
 
-def close_interrupted(sweep: SweepRun) -> int:
-    """Mark the trials' runs still RUNNING (driver interrupted) and the parent as KILLED; a restore reopens them."""
+def close_interrupted(sweep: SweepRun, run_ids: Iterable[str] = ()) -> int:
+    """Mark the trials' runs still RUNNING (driver interrupted) and the parent as KILLED; a restore reopens them.
+    ``run_ids``: runs of an earlier sweep that this one continued (not its children)."""
     client = MlflowClient(sweep.tracking_uri)
-    open_runs = [run for run in child_runs(sweep).values() if run.info.status == "RUNNING"]
+    runs = child_runs(sweep)
+    runs |= {run_id: client.get_run(run_id) for run_id in set(run_ids) - {r.info.run_id for r in runs.values()}}
+    open_runs = [run for run in runs.values() if run.info.status == "RUNNING"]
     for run in open_runs:
         client.set_tag(run.info.run_id, "tune.status", INTERRUPTED)
         client.set_terminated(run.info.run_id, status="KILLED")
     client.set_terminated(sweep.parent_run_id, status="KILLED")
     return len(open_runs)
+
+
+def record_sweep_trials(sweep: SweepRun, trials: list[dict[str, Any]]) -> None:
+    """The parent run's ``sweep_trials.json``: per trial, its run and whether this sweep trained, resumed or reused it
+    (a reused or resumed run keeps the parent that started it: MLflow runs are not re-parented)."""
+    MlflowClient(sweep.tracking_uri).log_dict(sweep.parent_run_id, {"trials": trials}, "sweep_trials.json")
 
 
 def finish_sweep(sweep: SweepRun, status: str, tags: dict[str, str] | None = None) -> None:
@@ -269,10 +291,12 @@ class MlflowTrialCallback(Callback):
         self.last_epoch.update(state.get("last_epoch", {}))
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        run_id = self.runs.get(trial.trial_id)
-        if run_id is not None:  # a retry or a restored sweep: continue the trial's own run
+        run_id = self.runs.get(trial.trial_id) or trial.config.get("resume_run")
+        if run_id is not None:  # a retry, a restored sweep or a trial resumed from an earlier sweep: continue its run
+            self.runs[trial.trial_id] = run_id
             self.client.update_run(run_id, status="RUNNING")
-            self.client.set_tag(run_id, "tune.status", "running")
+            tags = {"tune.status": "running", "ray.trial_id": trial.trial_id, TRIAL_PATH_TAG: str(trial.path)}
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             # Tune resumes from its last saved state, which can lag behind what was logged (Ctrl-C between a report
             # and the next snapshot): epochs already in the run are trained again but not logged twice.
             history = self.client.get_metric_history(run_id, EPOCH_METRICS[0])
@@ -285,6 +309,7 @@ class MlflowTrialCallback(Callback):
             "mlflow.parentRunId": self.sweep.parent_run_id,
             "ray.trial_id": trial.trial_id,
             "ray.trial_name": str(trial),
+            TRIAL_PATH_TAG: str(trial.path),  # where a later sweep finds its checkpoints to resume from
             "tune.status": "running",
         }  # fmt: skip
         run = self.client.create_run(self.sweep.experiment_id, run_name=described.run_name, tags=tags)

@@ -34,10 +34,12 @@ def train_trial(
 ) -> None:
     """One Tune trial: typed config from the trial's dict, resume from Tune's checkpoint, report every epoch.
 
+    ``config["resume_from"]`` (optional) names a checkpoint directory of an earlier sweep's unfinished run of the same
+    trial identity: the trial continues from it (weights, optimiser, epoch, RNG) instead of starting over.
     ``config["init_from"]`` (optional) names a checkpoint directory whose weights and heads per layer start the trial,
-    e.g. a pruned model to fine-tune; it must be readable from every node (shared storage). A retried or restored
-    trial resumes from its own checkpoint instead. ``code_version`` (the driver's trial code hash) fails a trial that
-    imports other code.
+    e.g. a pruned model to fine-tune. Both must be readable from every node (shared storage). A retried or restored
+    trial resumes from its own (Tune's) checkpoint instead. ``code_version`` (the driver's trial code hash) fails a
+    trial that imports other code.
     """
     check_trial_code(code_version)  # the driver's pipeline.sweep.identity.code_hash()
     params = parse_params(params_json, "trial params")
@@ -57,7 +59,7 @@ def train_trial(
             raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
 
     with tempfile.TemporaryDirectory(prefix="tune-resume-") as tmp:
-        resume_from = None
+        resume_from = Path(config["resume_from"]) if config.get("resume_from") else None
         if checkpoint is not None:  # a copy: Tune may delete old checkpoints (num_to_keep) while we train
             resume_from = Path(checkpoint.to_directory(tmp))
         init_from = Path(config["init_from"]) if config.get("init_from") and resume_from is None else None

@@ -9,7 +9,7 @@ import pytest
 from pipeline.config import ConfigError, load_params, parse_params
 from pipeline.models import build_model
 from pipeline.prune.plan import check_fresh, check_sources_exist, format_plans, plan_pruning, select_sources
-from pipeline.prune.run import finetune_params, prune_name
+from pipeline.prune.run import finetune_params, prune_key, prune_name
 from pipeline.sweep.manifest import TrialRecord, TuneManifest
 from pipeline.trial.checkpoint import save_model_checkpoint
 
@@ -103,13 +103,18 @@ def test_fine_tuning_uses_the_prune_schedule_and_no_asha() -> None:
     assert not tuned.sweep.asha.enabled and tuned.model == params.model
 
 
-def test_prune_identity_changes_with_the_prune_params_only(tmp_path: Path) -> None:
-    class Plan:  # what prune_name reads of a plan
+def test_a_pruned_models_identity_is_its_source_trial_and_the_prune_params() -> None:
+    class Plan:  # what prune_key reads of a plan
         source = _trial("sa_generalized_9", 0)
         key = "sa_generalized_9-seed0"
 
-    manifest = _manifest([])
-    name = prune_name(_params(), manifest, [Plan()])
-    assert name == prune_name(_params(), manifest, [Plan()]) and name.startswith("prune-")
-    assert prune_name(_params(fraction=0.5), manifest, [Plan()]) != name
-    assert prune_name(_params(), _manifest([], name="tune-other"), [Plan()]) != name
+    Plan.source.trial_key = "source-key"
+    key = prune_key(_params(), Plan())
+    assert key == prune_key(_params(), Plan())
+    assert prune_key(_params(fraction=0.5), Plan()) != key
+    assert prune_key(_params(epochs=7), Plan()) != key  # fine-tuning epochs
+    assert prune_key(_params().model_copy(update={"seed": 3}), Plan()) == key  # not in the source trial's identity
+    Plan.source.trial_key = "another-source"
+    assert prune_key(_params(), Plan()) != key
+    name = prune_name([key, "b"])
+    assert name.startswith("prune-") and name == prune_name(["b", key]) and name != prune_name([key])

@@ -47,6 +47,7 @@ class _Trial:
 
     def __init__(self, trial_id: str) -> None:
         self.trial_id, self.config, self.checkpoint, self.num_failures = trial_id, {"variant": "x"}, None, 0
+        self.path = f"/ray/experiment/{trial_id}"
 
     def __str__(self) -> str:
         return f"trial_{self.trial_id}"

@@ -1,0 +1,138 @@
+"""Which trials of a sweep already exist: reuse a finished run, resume an unfinished one from its checkpoint, or train.
+
+Researchers grow sweeps step by step (a seed more, one more variant), and a trial's result depends only on its
+identity (``identity.trial_key``). So before Ray starts, the driver looks every trial's key up in the tracking store
+(the ``trial_key`` tag of its MLflow run):
+- a FINISHED run that trained all ``train.epochs`` and uploaded its checkpoint, whose checkpoint is still on disk, is
+  **reused**: not trained again, listed in the manifest with its run;
+- otherwise a run that stopped early (killed, failed, stopped by ASHA, left RUNNING by a killed driver) whose Ray
+  trial folder (``ray.trial_path``) still holds a checkpoint that loads is **resumed**: the new trial starts from
+  that checkpoint and continues the same MLflow run, so there is one run per trial identity however many
+  ``dvc repro`` runs it took;
+- anything else **trains** from scratch (and ``sweep.retrain`` trains everything anew).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from pipeline.io import write_json_atomic
+from pipeline.sweep.manifest import FINISHED
+from pipeline.trial.report import CHECKPOINT_FILE
+
+log = logging.getLogger(__name__)
+
+REUSE, RESUME, TRAIN = "reuse", "resume", "train"
+KEY_TAG = "trial_key"  # the MLflow run tag holding a trial's identity
+TRIAL_PATH_TAG = "ray.trial_path"  # the Ray trial folder of a run, whose checkpoint_* dirs a resume starts from
+PLAN_FILE = "sweep_plan.json"  # in the Ray experiment dir: the plan a restored sweep continues with
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """What the sweep does with one trial (variant, seed): reuse ``run_id``, resume it from ``checkpoint_dir`` (after
+    ``epoch`` epochs), or train."""
+
+    variant: str
+    seed: int
+    key: str
+    action: str  # REUSE | RESUME | TRAIN
+    run_id: str | None = None
+    checkpoint_dir: str | None = None
+    epoch: int = 0
+
+    def describe(self) -> str:
+        """The dry run's words for it."""
+        if self.action == REUSE:
+            return f"reuse run {self.run_id}"
+        if self.action == RESUME:
+            return f"resume run {self.run_id} from epoch {self.epoch}"
+        return "train"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> dict[str, list[Run]]:
+    """The active runs of the experiment tagged with each key, newest first (deleted runs are not found)."""
+    found: dict[str, list[Run]] = {}
+    for key in sorted(set(keys)):
+        query = f"tags.`{KEY_TAG}` = '{key}'"
+        found[key] = list(client.search_runs([experiment_id], query, max_results=100, order_by=["start_time DESC"]))
+    return found
+
+
+def is_complete(run: Run, epochs: int) -> bool:
+    """The run trained all its epochs, ended normally and uploaded its final checkpoint."""
+    tags = run.data.tags
+    return (
+        run.info.status == "FINISHED" and tags.get("tune.status") == FINISHED
+        and tags.get("tune.last_epoch") == str(epochs) and "tune.checkpoint" in tags
+    )  # fmt: skip
+
+
+def newest_checkpoint(trial_path: Path) -> tuple[Path, int] | None:
+    """The newest ``checkpoint_*`` dir under a Ray trial folder whose checkpoint loads, with its epoch; a checkpoint
+    that does not load (truncated by a crash) is skipped, naming the file."""
+    from pipeline.trial.checkpoint import load_checkpoint  # torch: only when a resume is possible
+
+    for directory in sorted(trial_path.glob("checkpoint_*"), reverse=True):
+        try:
+            return directory, int(load_checkpoint(directory)["epoch"])
+        except Exception as err:  # noqa: BLE001 (any unreadable file: fall back to the previous checkpoint)
+            log.warning("skipping checkpoint %s: it does not load (%s)", directory / CHECKPOINT_FILE, err)
+    return None
+
+
+def decide(variant: str, seed: int, key: str, runs: list[Run], epochs: int, *, retrain: bool = False) -> TrialPlan:
+    """Reuse the newest complete run whose checkpoint is still there, else resume the furthest unfinished run from
+    its newest valid checkpoint, else train."""
+    if retrain:
+        return TrialPlan(variant, seed, key, TRAIN)
+    for run in runs:
+        checkpoint = run.data.tags.get("tune.checkpoint")
+        if is_complete(run, epochs) and checkpoint and (Path(checkpoint) / CHECKPOINT_FILE).is_file():
+            return TrialPlan(variant, seed, key, REUSE, run.info.run_id, checkpoint, epochs)
+    best: TrialPlan | None = None
+    for run in runs:
+        trial_path = run.data.tags.get(TRIAL_PATH_TAG)
+        if is_complete(run, epochs) or not trial_path:
+            continue  # complete but its checkpoint is gone: train anew
+        found = newest_checkpoint(Path(trial_path))
+        if found is not None and 0 < found[1] < epochs and (best is None or found[1] > best.epoch):
+            best = TrialPlan(variant, seed, key, RESUME, run.info.run_id, str(found[0]), found[1])
+    return best or TrialPlan(variant, seed, key, TRAIN)
+
+
+def plan_trials(
+    uri: str, experiment_id: str | None, trials: list[tuple[str, int, str]], epochs: int, *, retrain: bool = False
+) -> list[TrialPlan]:
+    """The plan of every (variant, seed, key) of the sweep; without an experiment yet, everything trains."""
+    if experiment_id is None or retrain:
+        return [TrialPlan(variant, seed, key, TRAIN) for variant, seed, key in trials]
+    runs = find_runs(MlflowClient(uri), experiment_id, (key for _, _, key in trials))
+    return [decide(variant, seed, key, runs[key], epochs) for variant, seed, key in trials]
+
+
+def format_plans(plans: list[TrialPlan]) -> str:
+    """One line per action count, e.g. ``train 5, reuse 5, resume 0``."""
+    counts = {action: sum(p.action == action for p in plans) for action in (TRAIN, REUSE, RESUME)}
+    return ", ".join(f"{action} {n}" for action, n in counts.items())
+
+
+def write_plan(experiment_dir: Path, plans: list[TrialPlan]) -> None:
+    """Kept next to the Ray experiment: a restored sweep lists the same reused runs as the run that planned it."""
+    write_json_atomic(experiment_dir / PLAN_FILE, [plan.to_dict() for plan in plans])
+
+
+def read_plan(experiment_dir: Path) -> list[TrialPlan] | None:
+    path = experiment_dir / PLAN_FILE
+    return [TrialPlan(**item) for item in json.loads(path.read_text())] if path.is_file() else None
