@@ -195,6 +195,8 @@ class TrackingConfig(_Section):
 
     uri: str | None = None
     experiment: str = "attention-cnn"
+    # An sqlite uri with a multi-node Ray cluster is refused (its runs would live on the driver's disk only) unless true
+    sqlite_on_cluster: bool = False
 
     @field_validator("experiment")
     @classmethod

@@ -28,7 +28,7 @@ from pipeline.io import check_tracking_server, write_json_atomic
 from pipeline.prune.manifest import write_prune_manifest
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import read_tune_manifest
-from pipeline.sweep.session import keep_local_ray_on_loopback, ray_address
+from pipeline.sweep.session import prepare_driver_env
 from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.prune")
@@ -39,8 +39,7 @@ OUT_DIR = Path("results/prune")  # relative to the working directory, like every
 def stage(args: argparse.Namespace, params: Params) -> int:
     if not args.dry_run:  # one prune at a time per project; refused before Ray starts
         hold_stage_lock(Path("results/.prune.lock"), "prune")
-    if ray_address(params.sweep) is None:
-        keep_local_ray_on_loopback()  # before Ray is imported
+    prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
     from pipeline.prune.plan import check_fresh, format_plans, local_sources, plan_pruning, select_sources
     from pipeline.sweep import tracking
     from pipeline.sweep.plan import storage_dir

@@ -9,10 +9,13 @@ Side effects (never DVC outs): MLflow runs (tracking.uri, default sqlite <projec
 Trials are found by identity (model, train config with seed, prepared data, trial code) in the MLflow store: a
 finished run is reused, an unfinished one continues from its checkpoint, only the rest train (sweep.retrain or
 --retrain: train every trial anew). A grown sweep (a seed or a variant more) trains only its new trials.
-Ray: attaches to sweep.ray_address or $RAY_ADDRESS when set, else starts a local Ray. --dry-run starts nothing and
-prints per trial "reuse run X", "resume run X from epoch k" or "train".
+Ray: attaches to sweep.ray_address or $RAY_ADDRESS when set (token from $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or
+~/.ray/auth_token; this checkout shipped as the job's working_dir), else starts a local Ray. --dry-run starts
+nothing and prints per trial "reuse run X", "resume run X from epoch k" or "train".
 Checked first (also by --dry-run): a local machine can hold one trial's sweep.resources, sweep.storage_path can be
-written, an http(s) tracking.uri answers.
+written, an http(s) tracking.uri answers; on a cluster, that it answers with this token within seconds and, with
+several nodes, that every node shares sweep.storage_path and imports the driver's trial code, and tracking.uri is
+not an sqlite file (unless tracking.sqlite_on_cluster).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pipeline.config import Params
 from pipeline.io import write_json_atomic
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import ERROR, write_tune_manifest
-from pipeline.sweep.session import keep_local_ray_on_loopback, ray_address
+from pipeline.sweep.session import prepare_driver_env
 from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.tune")
@@ -38,8 +41,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         hold_stage_lock(Path("results/.tune.lock"), "tune")
     if args.retrain:
         params = params.model_copy(update={"sweep": params.sweep.model_copy(update={"retrain": True})})
-    if ray_address(params.sweep) is None:
-        keep_local_ray_on_loopback()  # before Ray is imported
+    prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
     # These import Ray and MLflow: after params are valid, so --help and bad params stay fast.
     from pipeline.sweep.plan import format_plan, preflight
     from pipeline.sweep.run import run_sweep

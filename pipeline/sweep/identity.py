@@ -5,7 +5,8 @@ config with the trial's seed, the prepared data's content hash and the trial cod
 run at once or which other trials share its sweep: a grown sweep (a seed more, a variant more) finds its existing
 trials by this key in the tracking store and reuses them (``pipeline.sweep.reuse``).
 
-``TRIAL_CODE`` is the one declaration of the code that runs inside a Ray trial and so may change a trained result:
+``TRIAL_CODE`` (declared in ``pipeline.trial.code_version``, so a trial can hash its own code without importing the
+driver) is the one declaration of the code that runs inside a Ray trial and so may change a trained result:
 the sweep's identity hashes exactly these files, and the tune stage's code ``deps`` in ``dvc.yaml`` are exactly
 these paths (a test keeps the two equal, and checks that everything the trainable imports lies inside them). Driver
 code (tracking, planning, manifests), measuring code, the analysis and the benchmarks are outside it: editing them
@@ -14,40 +15,14 @@ never makes the next ``dvc repro`` retrain a sweep.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from pipeline.config import Params, params_hash
+from pipeline.trial.code_version import PROJECT_ROOT, TRIAL_CODE, code_hash, trial_code_files
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding pipeline/
-
-# Paths relative to the project root: files, or folders whose every .py file counts.
-TRIAL_CODE = (
-    "pipeline/__init__.py",
-    "pipeline/config.py",
-    "pipeline/data/__init__.py",
-    "pipeline/data/prepared.py",
-    "pipeline/models",
-    "pipeline/trial",
-)
-
-
-def trial_code_files(root: Path = PROJECT_ROOT) -> list[Path]:
-    """Every source file of ``TRIAL_CODE`` under ``root``, sorted."""
-    files: set[Path] = set()
-    for entry in TRIAL_CODE:
-        path = root / entry
-        files.update(path.rglob("*.py") if path.is_dir() else [path])
-    return sorted(files)
-
-
-def code_hash(root: Path = PROJECT_ROOT) -> str:
-    """Hash of the trial code's source (file names relative to ``root``, and contents)."""
-    digest = hashlib.sha256()
-    for path in trial_code_files(root):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
+__all__ = ["PROJECT_ROOT", "TRIAL_CODE", "code_hash", "trial_code_files", "trial_key", "sweep_hash",
+           "experiment_name", "prepared_data_hash"]  # fmt: skip
 
 
 def trial_key(params: Params, variant: str, seed: int, data_hash: str) -> str:

@@ -17,9 +17,10 @@ from ray import tune
 from pipeline.config import Params
 from pipeline.io import check_creatable_dir, check_tracking_server
 from pipeline.sweep import tracking
+from pipeline.sweep.cluster import check_cluster
 from pipeline.sweep.identity import experiment_name, prepared_data_hash, trial_key
 from pipeline.sweep.reuse import REUSE, TrialPlan, plan_trials, read_plan
-from pipeline.sweep.session import check_fits, local_capacity, ray_address
+from pipeline.sweep.session import check_attachable, check_fits, local_capacity, ray_address
 
 METRIC, MODE = "test_acc", "max"  # the one place the sweep's objective is named (ASHA, best trial)
 
@@ -45,17 +46,25 @@ def sweep_plans(params: Params, data_hash: str, uri: str, experiment_id: str | N
 def preflight(params: Params, project_root: Path) -> None:
     """What would otherwise fail only after Ray has started and the MLflow parent run exists, checked first and
     reported naming the key: a local machine too small for one trial, storage that cannot hold the Ray results,
-    a tracking server that does not answer."""
+    a tracking server that does not answer; on a cluster, one that cannot be attached to (address, token) within
+    seconds and, with several nodes, storage they do not share, other trial code on a node, an sqlite store."""
+    address, nodes = ray_address(params.sweep), 0
     if ray.is_initialized():  # ray_session will use this Ray as it is
         available = ray.cluster_resources()
         check_fits(params.sweep, available.get("CPU", 0), available.get("GPU", 0), "the running Ray")
-    elif ray_address(params.sweep) is None:  # a cluster (or its autoscaler) decides for itself
+    elif address is None:  # a cluster (or its autoscaler) decides for itself
         check_fits(params.sweep, *local_capacity(), "this machine (a local Ray)")
+    else:
+        nodes = check_attachable(address)
+    storage = storage_dir(params, project_root)
     try:
-        check_creatable_dir(storage_dir(params, project_root))
+        check_creatable_dir(storage)
     except ValueError as err:
         raise ValueError(f"sweep.storage_path: {err}") from None
-    check_tracking_server(tracking.tracking_uri(params.tracking, project_root), "tracking.uri")
+    uri = tracking.tracking_uri(params.tracking, project_root)
+    check_tracking_server(uri, "tracking.uri")
+    if address is not None and not ray.is_initialized():
+        check_cluster(params, address, storage, uri, nodes)
 
 
 def planned_trials(params: Params, project_root: Path, data_hash: str | None) -> tuple[list[TrialPlan] | None, str]:

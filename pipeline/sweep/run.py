@@ -34,7 +34,7 @@ from ray.tune.search import BasicVariantGenerator
 from pipeline.config import Params, parse_params
 from pipeline.data.prepared import PreparedData, content_hash
 from pipeline.sweep import tracking
-from pipeline.sweep.identity import experiment_name, trial_key
+from pipeline.sweep.identity import code_hash, experiment_name, trial_key
 from pipeline.sweep.logged_model import PreparedDataset
 from pipeline.sweep.manifest import ERROR, FINISHED, INTERRUPTED, STAGE, TrialRecord, TuneManifest
 from pipeline.sweep.plan import METRIC, MODE, preflight, storage_dir, sweep_plans
@@ -115,7 +115,8 @@ def build_tuner(
     reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")
-    trainable = tune.with_resources(tune.with_parameters(train_trial, data=data, params_json=params_json), resources)
+    trainable = tune.with_parameters(train_trial, data=data, params_json=params_json, code_version=code_hash())
+    trainable = tune.with_resources(trainable, resources)
     if restore:
         log.info("ray: restoring the interrupted sweep at %s", path)
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)

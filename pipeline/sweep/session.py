@@ -7,7 +7,14 @@ as it does on macOS. Ray reads that variable once, when it is imported, so this 
 It changes where Ray listens and connects, never a result. Only for a local Ray: a driver that attaches to a
 multi-node cluster has to advertise an address the other nodes can reach.
 
-This module imports Ray only inside ``ray_session``: ``keep_local_ray_on_loopback`` must run before Ray is imported.
+Attaching to a cluster (``sweep.ray_address`` / ``RAY_ADDRESS``): ``prepare_driver_env`` sets, before Ray is
+imported, the loopback variable for a cluster on 127.0.0.1 (Ray otherwise rewrites the address and hangs) and
+``RAY_AUTH_MODE=token`` when a token is available (an explicit address never turns token auth on by itself: without
+it the driver retries ~20 s and fails with a bare ``ConnectionError``); ``check_attachable`` then asks the cluster's
+GCS for its nodes within seconds, before any MLflow run exists; ``ray_session`` ships this checkout's code to every
+node as the job's ``working_dir`` (``.gitignore`` and ``.rayignore`` are respected).
+
+This module imports Ray only inside functions: ``prepare_driver_env`` must run before Ray is imported.
 """
 
 from __future__ import annotations
@@ -15,21 +22,117 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 from pipeline.config import SweepConfig
 
 log = logging.getLogger(__name__)
 
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")  # where Ray itself looks last (its token loader's order)
+TOKEN_HELP = f"give this driver the token: ${TOKEN_ENV}, a file named by ${TOKEN_PATH_ENV}, or {DEFAULT_TOKEN_FILE}"
+ATTACH_TIMEOUT_S = 5.0
 
 
 def ray_address(sweep: SweepConfig) -> str | None:
     """The cluster to attach to (``sweep.ray_address``, else ``$RAY_ADDRESS``), or None for a local Ray."""
     return sweep.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+
+def gcs_host_port(address: str) -> tuple[str, int] | None:
+    """Host and port of a ``host:port`` cluster address; None for ``auto`` or a ``ray://`` client address."""
+    if address == "auto" or address.startswith("ray://"):
+        return None
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None:
+        raise ValueError(f"sweep.ray_address: {address!r} is not host:port (the head's GCS address: 10.0.0.5:6379)")
+    return parts.hostname, port
+
+
+def auth_token_source() -> str | None:
+    """Where Ray will read this driver's auth token from (its own order), or None when there is none."""
+    if os.environ.get(TOKEN_ENV):
+        return f"${TOKEN_ENV}"
+    if path := os.environ.get(TOKEN_PATH_ENV):
+        return f"${TOKEN_PATH_ENV} ({path})"
+    return str(DEFAULT_TOKEN_FILE) if DEFAULT_TOKEN_FILE.expanduser().is_file() else None
+
+
+def prepare_driver_env(sweep: SweepConfig) -> None:
+    """Before Ray is imported: keep Ray on 127.0.0.1 for a local Ray or a cluster on the loopback interface, and
+    send the auth token when attaching and a token is available (an explicit ``RAY_AUTH_MODE`` is the user's)."""
+    address = ray_address(sweep)
+    where = gcs_host_port(address) if address else None
+    if address is None or (where is not None and where[0] in LOOPBACK_HOSTS):
+        keep_local_ray_on_loopback()
+    if address and AUTH_MODE_ENV not in os.environ and auth_token_source() is not None:
+        if "ray" in sys.modules:
+            log.warning("Ray was imported before prepare_driver_env(); it may not send its auth token")
+        os.environ[AUTH_MODE_ENV] = "token"
+
+
+def _unreachable(address: str, why: str) -> ValueError:
+    return ValueError(
+        f"sweep.ray_address: cannot attach to the Ray cluster at {address} ({why}); start it (ray start --head, "
+        "ray up) or fix sweep.ray_address / $RAY_ADDRESS"
+    )
+
+
+def check_attachable(address: str, timeout_s: float = ATTACH_TIMEOUT_S) -> int:
+    """Ask the cluster's GCS for its nodes, within seconds; return how many are alive. Raises naming
+    ``sweep.ray_address`` and the token variables instead of Ray's ~20 s of retries and bare ``ConnectionError``."""
+    if address == "auto":  # the cluster last started with `ray start` on this machine (Ray's own lookup)
+        from ray._private.services import canonicalize_bootstrap_address
+
+        found = canonicalize_bootstrap_address(address)
+        if found is None:
+            raise ValueError("sweep.ray_address: 'auto' found no Ray started on this machine (ray start --head); "
+                             "give the head's host:port")  # fmt: skip
+        address = found
+    where = gcs_host_port(address)
+    if where is None:
+        return 0  # ray://: a Ray Client address; ray.init reports its own error
+    try:  # Ray's client waits ~40 s for an address that does not answer: a plain TCP connect first
+        socket.create_connection(where, timeout=timeout_s).close()
+    except OSError as err:
+        raise _unreachable(address, err.strerror or str(err) or type(err).__name__) from None
+    from ray._raylet import GcsClient  # the client `ray health-check` uses; it sends the token in token mode
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+    from ray.exceptions import AuthenticationError, RayError
+
+    try:
+        nodes = GcsClient(address=f"{where[0]}:{where[1]}").get_all_node_info(timeout=timeout_s)
+    except AuthenticationError:
+        source = auth_token_source()
+        mode = os.environ.get(AUTH_MODE_ENV)
+        sent = f"the token from {source}" if source and mode == "token" else f"no token ({AUTH_MODE_ENV}={mode})"
+        raise ValueError(
+            f"sweep.ray_address: the Ray cluster at {address} requires token authentication and refused {sent}: "
+            f"{TOKEN_HELP} (`ray get-auth-token` on the head prints it); never switch the cluster's auth off"
+        ) from None
+    except RayError as err:
+        raise _unreachable(address, str(err).splitlines()[0]) from None
+    return sum(1 for info in nodes.values() if info.state == GcsNodeInfo.ALIVE)
+
+
+def code_runtime_env(project_root: Path) -> dict[str, Any]:
+    """The job's runtime environment on a cluster: this checkout as every worker's ``working_dir`` (Ray uploads it,
+    leaving out what ``.gitignore`` and ``.rayignore`` list; the dataset goes through the object store instead)."""
+    return {"working_dir": str(project_root)}
 
 
 def local_capacity() -> tuple[int, int]:
@@ -72,8 +175,10 @@ def ray_session(sweep: SweepConfig) -> Iterator[str]:
     address = ray_address(sweep)
     caller_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
-        log.info("ray: attaching to the cluster at %s", address)
-        ray.init(address=address)
+        from pipeline.sweep.identity import PROJECT_ROOT
+
+        log.info("ray: attaching to the cluster at %s, shipping the code in %s", address, PROJECT_ROOT)
+        ray.init(address=address, runtime_env=code_runtime_env(PROJECT_ROOT))
     else:
         log.info("ray: starting a local Ray on this machine (127.0.0.1; token auth as configured)")
         ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")

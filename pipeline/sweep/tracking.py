@@ -63,6 +63,9 @@ class TrialInfo:
     start_artifacts: dict[str, Any] = field(default_factory=dict)
 
 
+NODES_TAG = "ray.node_ids"  # comma-separated, in order: every node a trial's run trained on
+
+
 class CountingClient:
     """An ``MlflowClient`` that counts the requests made through it, so the logging cost per epoch is measured."""
 
@@ -329,6 +332,7 @@ class MlflowTrialCallback(Callback):
         self.runs: dict[str, str] = {}  # trial_id -> run_id: the state that survives restore
         self.last_epoch: dict[str, int] = {}
         self._logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
+        self._nodes: dict[str, list[str]] = {}  # run_id -> the nodes it ran on (the ray.node_ids tag)
         self._client: CountingClient | None = None
         self.epochs_logged = 0
 
@@ -414,7 +418,7 @@ class MlflowTrialCallback(Callback):
         epoch = int(result["epoch"])
         self.last_epoch[trial.trial_id] = epoch
         # Node and device come with a trial process's first report only (a retry may run elsewhere): tag them as sent.
-        where = [RunTag(k, str(v)) for k, v in (result.get(WHERE_KEY) or {}).items()]
+        where = self._where_tags(run_id, result)
         if epoch <= self._logged_through.get(trial.trial_id, 0):
             log.info("MLflow: trial %s epoch %d is already in run %s; not logged again", trial.trial_id, epoch, run_id)
             if where:
@@ -424,6 +428,25 @@ class MlflowTrialCallback(Callback):
         metrics = [Metric(k, float(result[k]), now, epoch) for k in EPOCH_METRICS if k in result]
         self.client.log_batch(run_id, metrics=metrics, tags=where)
         self.epochs_logged += 1
+
+    def _where_tags(self, run_id: str, result: dict) -> list[RunTag]:
+        """The node and device a report came from, with ``ray.node_ids`` extended when the node is new."""
+        where = {k: str(v) for k, v in (result.get(WHERE_KEY) or {}).items()}
+        if node := where.get("ray.node_id"):
+            where |= self._nodes_tag(run_id, node)
+        return [RunTag(k, v) for k, v in where.items()]
+
+    def _nodes_tag(self, run_id: str, node: str) -> dict[str, str]:
+        """``ray.node_ids``: every node the trial ran on, in order (a retried trial can move; ``ray.node_id`` is the
+        last one). Read back from the run once per driver process, so a restored sweep extends the list."""
+        nodes = self._nodes.get(run_id)
+        if nodes is None:
+            recorded = self.client.get_run(run_id).data.tags.get(NODES_TAG, "")
+            nodes = self._nodes[run_id] = [n for n in recorded.split(",") if n]
+        if node in nodes:
+            return {}
+        nodes.append(node)
+        return {NODES_TAG: ",".join(nodes)}
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self.runs.get(trial.trial_id)

@@ -20,6 +20,7 @@ from ray import tune
 
 from pipeline.config import parse_params
 from pipeline.trial.checkpoint import checkpoint_loads
+from pipeline.trial.code_version import check_trial_code
 from pipeline.trial.device import device_tags
 from pipeline.trial.loop import DivergedError, run_trial
 from pipeline.trial.report import UNRETRYABLE_FILE, WHERE_KEY, UnretryableTrialError
@@ -34,7 +35,9 @@ class InjectedFailure(RuntimeError):
     """Raised by a trial when ``sweep.fail_once_after_epoch`` asks for it (tests of retries)."""
 
 
-def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[str, Any]) -> None:
+def train_trial(
+    config: dict[str, Any], data: PreparedData, params_json: dict[str, Any], code_version: str | None = None
+) -> None:
     """One Tune trial: typed config from the trial's dict, resume from Tune's checkpoint, report every epoch.
 
     ``config["resume_from"]`` (optional) names a checkpoint directory of an earlier sweep's unfinished run of the same
@@ -43,8 +46,10 @@ def train_trial(config: dict[str, Any], data: PreparedData, params_json: dict[st
     e.g. a pruned model to fine-tune. Both must be readable from every node (shared storage). A retried or restored
     trial resumes from its own (Tune's) checkpoint instead. A failure a retry cannot fix (divergence, a config the
     trial cannot run) is recorded in the trial's storage folder and raised as ``UnretryableTrialError``; Tune's
-    retries of the trial then raise it again at once instead of training to the same failure.
+    retries of the trial then raise it again at once instead of training to the same failure. ``code_version`` (the
+    driver's trial code hash) fails a trial that imports other code.
     """
+    check_trial_code(code_version)  # the driver's pipeline.sweep.identity.code_hash()
     # Ray's storage module logs every checkpoint it persists at INFO, and the worker's log reaches the driver's
     # console: a line per trial per epoch that buries the progress table. Failures still log as warnings.
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)

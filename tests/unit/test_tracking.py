@@ -9,6 +9,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep import tracking
+from pipeline.trial.report import WHERE_KEY
 
 
 @pytest.fixture(scope="module")
@@ -120,14 +121,18 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
 
 @pytest.mark.parametrize("truncated", [False, True])
 def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, truncated: bool) -> None:
-    import torch
     from ray import tune
 
     mlflow, experiment_id = client
     sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    from pipeline.config import ModelConfig
+    from pipeline.models import build_model
+    from pipeline.trial.checkpoint import save_model_checkpoint
+
     directory = tmp_path / "checkpoint_000000"
-    directory.mkdir()
-    torch.save({"epoch": 1, "weights": torch.zeros(64)}, directory / "checkpoint.pt")
+    cfg = ModelConfig(hidden=8, layers=1, ffn=16, heads=4, downsample=2)
+    model = build_model(cfg, image_size=8, in_channels=3, num_classes=10)
+    save_model_checkpoint(directory, model, cfg, image_shape=(3, 8, 8), num_classes=10)
     if truncated:
         (directory / "checkpoint.pt").write_bytes((directory / "checkpoint.pt").read_bytes()[:100])
     trial = _Trial("t-upload")
@@ -139,6 +144,7 @@ def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, trunca
     run = mlflow.get_run(callback.runs["t-upload"])
     uploaded = [a.path for a in mlflow.list_artifacts(run.info.run_id, "checkpoint")]
     assert uploaded == ([] if truncated else ["checkpoint/checkpoint.pt"])
+    assert ("model_uri" in run.data.tags) is not truncated  # nor is a model logged from it
     assert ("tune.checkpoint" in run.data.tags) is not truncated  # the manifest links only an uploaded checkpoint
     assert run.info.status == "FINISHED"
 
@@ -184,3 +190,27 @@ def test_a_moved_project_continues_its_sweep_run(tmp_path: Path) -> None:
     assert again.parent_run_id == sweep.parent_run_id and again.tracking_uri.endswith("/moved/mlflow.db")
     other = open_in(Path(moved), f"sqlite:///{tmp_path / 'other.db'}")
     assert other.parent_run_id != sweep.parent_run_id
+
+
+def test_every_node_a_trial_ran_on_is_recorded_across_a_restore(client) -> None:
+    """A retried trial can move to another node, a restored sweep continues the run: ``ray.node_ids`` lists every
+    node in order, once each; ``ray.node_id`` is the last."""
+    mlflow, experiment_id = client
+    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    trial = _Trial("t2")
+
+    def report(callback: tracking.MlflowTrialCallback, epoch: int, node: str) -> None:
+        result = {key: 0.5 for key in tracking.EPOCH_METRICS} | {"epoch": epoch, WHERE_KEY: {"ray.node_id": node}}
+        callback.on_trial_result(iteration=epoch, trials=[trial], trial=trial, result=result)
+
+    first = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    first.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    report(first, 1, "node-a")
+    report(first, 2, "node-b")  # retried on another node
+    restored = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    restored.set_state({"runs": dict(first.runs), "last_epoch": {"t2": 2}})
+    restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    report(restored, 3, "node-a")  # back on the first node after the restore
+    report(restored, 4, "node-c")
+    tags = mlflow.get_run(first.runs["t2"]).data.tags
+    assert tags[tracking.NODES_TAG] == "node-a,node-b,node-c" and tags["ray.node_id"] == "node-c"

@@ -1,0 +1,127 @@
+"""What a multi-node cluster must offer before a sweep starts, proved on every alive node before any MLflow run exists.
+
+- **Shared storage**: Ray keeps checkpoints under ``sweep.storage_path`` and, since Ray 2.7, never copies them
+  between nodes. A node that does not see that path fails its trials with "Unable to set up cluster storage" (each
+  failure burns one of ``sweep.max_failures``) and a retried trial cannot find its checkpoint. The probe: the driver
+  writes a marker, a tiny task pinned to each node reads it and writes its own, the driver reads those back.
+- **The driver's trial code**: the same task hashes the trial code it imports there (shipped as the job's
+  ``working_dir``); a node importing another copy of the project would train something else.
+- **One tracking store**: an sqlite file lives on the driver's disk only; with workers elsewhere the runs belong in one
+  ``mlflow server`` every machine (and the analysis) can reach, unless the user insists
+  (``tracking.sqlite_on_cluster``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Params
+from pipeline.sweep.identity import PROJECT_ROOT, code_hash
+from pipeline.sweep.session import code_runtime_env
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 120.0  # a node's first task sets up the runtime env (unpacks the code): seconds, more on a busy node
+SHARED_HELP = (
+    "on a multi-node cluster it must be one file system mounted at the same path on every node (NFS, EFS, Lustre, "
+    "a CephFS mount) so trials can write and restore their checkpoints anywhere"
+)
+
+
+def check_tracking_store(params: Params, uri: str, nodes: int) -> None:
+    """Refuse an sqlite tracking store for a sweep spread over several nodes, unless the user insists."""
+    if uri.startswith("sqlite") and not params.tracking.sqlite_on_cluster:
+        raise ValueError(
+            f"tracking.uri: {uri} is a file on this machine only, and the cluster has {nodes} nodes; run one "
+            "`mlflow server` every machine can reach and set tracking.uri to its http:// address (README: Run on a "
+            "cluster), or set tracking.sqlite_on_cluster: true to keep the runs on this machine anyway"
+        )
+
+
+def node_view(storage: str, marker: str, token: str) -> dict[str, Any]:
+    """Run on one node: does it see the driver's marker, can it leave its own, which trial code does it import."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    path = Path(storage) / marker
+    seen = path.is_file() and path.read_text() == token
+    try:
+        (Path(storage) / f"{marker}.{node}").write_text(token)
+        wrote = ""
+    except OSError as err:
+        wrote = f"{type(err).__name__}: {err}"
+    return {"node_id": node, "ip": ray.util.get_node_ip_address(), "seen": seen, "wrote": wrote, "code": code_hash()}
+
+
+def probe_nodes(storage: Path, timeout_s: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]]:
+    """One ``node_view`` task pinned to every alive node of the connected cluster; the marker files are removed."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    storage.mkdir(parents=True, exist_ok=True)
+    marker, token = f".storage-probe-{uuid.uuid4().hex}", uuid.uuid4().hex
+    (storage / marker).write_text(token)
+    task = ray.remote(num_cpus=0, max_retries=0)(node_view)  # num_cpus=0: runs even while trials hold every CPU
+    nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    try:
+        pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                   .remote(str(storage), marker, token) for node in nodes]  # fmt: skip
+        try:
+            views = ray.get(pending, timeout=timeout_s)
+        except GetTimeoutError:
+            raise ValueError(
+                f"sweep.storage_path: not every node answered the storage probe within {timeout_s:g} s "
+                "(a node busy setting up or unhealthy): see `ray status`"
+            ) from None
+        for view in views:
+            reply = storage / f"{marker}.{view['node_id']}"
+            view["driver_sees_reply"] = reply.is_file() and reply.read_text() == token
+        return views
+    finally:
+        for path in storage.glob(f"{marker}*"):
+            path.unlink(missing_ok=True)
+
+
+def check_views(views: list[dict[str, Any]], storage: Path, driver_code: str) -> None:
+    """Raise naming the key for the first node that does not share the storage or runs other trial code."""
+    for view in views:
+        node = f"node {view['ip']} ({view['node_id'][:8]})"
+        if not view["seen"]:
+            raise ValueError(f"sweep.storage_path: {storage} is not shared: {node} does not see the driver's files; "
+                             f"{SHARED_HELP}")  # fmt: skip
+        if view["wrote"]:
+            raise ValueError(f"sweep.storage_path: {storage} is not writable on {node} ({view['wrote']})")
+        if not view["driver_sees_reply"]:
+            raise ValueError(f"sweep.storage_path: {storage} is not shared: the driver does not see what {node} "
+                             f"wrote there; {SHARED_HELP}")  # fmt: skip
+        if view["code"] != driver_code:
+            raise ValueError(
+                f"{node} imports trial code {view['code']}, the driver runs {driver_code}: it does not use the code "
+                "shipped with the job (runtime_env working_dir); check the node's PYTHONPATH and installed packages"
+            )
+
+
+def check_cluster(params: Params, address: str, storage: Path, uri: str, nodes: int) -> None:
+    """Before the sweep on a cluster of ``nodes`` alive nodes: one tracking store, shared storage, the driver's code
+    on every node. Connects with the sweep's runtime env and disconnects; the stage connects again for the sweep."""
+    if nodes < 2:
+        return  # one node: its storage and code are what the trials use anyway
+    check_tracking_store(params, uri, nodes)
+    import ray
+
+    caller_sigterm = signal.getsignal(signal.SIGTERM)  # ray.init replaces it; ray_session keeps the stage's
+    ray.init(address=address, runtime_env=code_runtime_env(PROJECT_ROOT), log_to_driver=False)
+    try:
+        views = probe_nodes(storage)
+    finally:
+        ray.shutdown()
+        if caller_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, caller_sigterm)
+    check_views(views, storage, code_hash())
+    log.info("cluster: %d nodes share %s and run trial code %s", len(views), storage, code_hash())

@@ -1,0 +1,163 @@
+"""A real two-node Ray cluster on this machine and a copy of the project whose tune stage attaches to it.
+
+All on 127.0.0.1, token auth on (a token file made here), explicit free ports, a private temp dir (``RAY_TMPDIR``).
+Each node is its own process (``ray_node.py``, Ray's node API) in its own process group; only those are stopped,
+never with ``ray stop`` (it stops every Ray on the machine). Each node offers one CPU: the machine is small and shared.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_SCRIPT = Path(__file__).with_name("ray_node.py")
+VENV_BIN = Path(sys.executable).parent
+NODE_START_S = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RayNode:
+    process: subprocess.Popen
+    node_id: str
+    log: Path
+
+    def stop(self) -> None:
+        """SIGTERM to this node's own process group (the node process stops its Ray processes), then SIGKILL."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+@dataclass
+class TwoNodeCluster:
+    address: str
+    token_file: Path
+    temp_dir: Path
+    node_env: dict[str, str]
+    head: RayNode
+    worker: RayNode
+    extra: list[RayNode] = field(default_factory=list)
+
+    def start_node(self, role: str, where: str, prefix: Sequence[str] = ()) -> RayNode:
+        log = self.temp_dir / f"node-{len(list(self.temp_dir.glob('node-*.log')))}.log"
+        ports = [str(free_port()) for _ in range(3)]  # agent, metrics, dashboard (the head starts one even without UI)
+        command = [*prefix, sys.executable, str(NODE_SCRIPT), role, where, *ports]
+        with log.open("w") as err:
+            process = subprocess.Popen(command, env=self.node_env, stdout=subprocess.PIPE, stderr=err, text=True,
+                                       start_new_session=True)  # fmt: skip
+        node = RayNode(process, "", log)
+        ready, _, _ = select.select([process.stdout], [], [], NODE_START_S)
+        line = process.stdout.readline() if ready else ""
+        if not line.startswith("READY"):
+            node.stop()
+            raise RuntimeError(f"ray node ({role}) did not start: {line!r}\n{log.read_text()[-3000:]}")
+        node.node_id = line.split()[2]
+        return node
+
+    def driver_env(self, **changes: str | None) -> dict[str, str]:
+        """A driver's environment: the cluster's address and token file, nothing else of Ray's set up for it (no
+        RAY_AUTH_MODE, no loopback variable: the stage sets them); ``changes`` set or (None) remove variables."""
+        env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "RAY_ADDRESS": self.address,
+               "RAY_AUTH_TOKEN_PATH": str(self.token_file), "MLFLOW_DISABLE_TELEMETRY": "true"}  # fmt: skip
+        for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "PYTHONPATH", "RAY_TMPDIR"):
+            env.pop(key, None)
+        for key, value in changes.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        return env
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[TwoNodeCluster]:
+    # Short path: Ray's unix sockets live under RAY_TMPDIR (107-character limit).
+    temp_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+    token_file = temp_dir / "auth_token"
+    token_file.write_text(os.urandom(24).hex())
+    node_env = {**os.environ, "RAY_TMPDIR": str(temp_dir), "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
+        node_env.pop(key, None)
+    port = free_port()
+    holder = TwoNodeCluster(f"127.0.0.1:{port}", token_file, temp_dir, node_env, None, None)  # type: ignore[arg-type]
+    try:
+        holder.head = holder.start_node("head", str(port))
+        holder.worker = holder.start_node("worker", holder.address)
+        yield holder
+    finally:  # the nodes as they are now: a test may have replaced the worker
+        for node in [*holder.extra, holder.worker, holder.head]:
+            if node is not None:
+                node.stop()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def tiny_cluster_params(**tracking: object) -> dict:
+    """The project's params shrunk: 2 variants, 1 epoch, smallest widths, one CPU per trial."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["model"].update(hidden=16, ffn=32, layers=1, learned_dim=8, resnet_width=4)
+    params["train"].update(epochs=1)
+    params["sweep"].update(variants=["sa_quadratic_9", "resnet18"], seeds=[0], max_concurrent_trials=2,
+                           resources={"cpu": 1, "gpu": 0})  # fmt: skip
+    params["tracking"] = {"experiment": "it-cluster", **tracking}
+    return params
+
+
+@dataclass
+class ClusterProject:
+    path: Path
+
+    def write_params(self, params: dict) -> None:
+        (self.path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    def stage(self, env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", *args], cwd=self.path, env=env, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def cluster_project(tmp_path_factory: pytest.TempPathFactory) -> ClusterProject:
+    """Tracked + not-ignored files of the working tree, committed in a fresh git repo, data prepared."""
+    path = tmp_path_factory.mktemp("cluster-project")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    for name in listed:
+        if (ROOT / name).is_file() and name != "dvc.lock":
+            (path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, path / name)
+    project = ClusterProject(path)
+    project.write_params(tiny_cluster_params())
+    git = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@localhost"}  # fmt: skip
+    for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "tiny"]):
+        subprocess.run(command, cwd=path, env=git, check=True, capture_output=True)
+    started = time.monotonic()
+    done = project.stage({**os.environ, "PYTHONPATH": ""}, "stages.prepare", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"prepared the data in {time.monotonic() - started:.1f} s")
+    return project

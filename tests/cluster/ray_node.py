@@ -1,0 +1,46 @@
+"""One node of the test cluster, in its own process, started through Ray's own node API (real GCS, raylet, workers).
+
+``python ray_node.py head PORT AGENT_PORT METRICS_PORT DASHBOARD_PORT`` starts a head whose GCS listens on
+127.0.0.1:PORT; ``python ray_node.py worker ADDRESS AGENT_PORT METRICS_PORT DASHBOARD_PORT`` joins the cluster at
+ADDRESS. Every fixed port is
+explicit (free ports chosen by the test), the others are picked by the OS. ``ray start --address`` refuses a second
+node on one machine while Ray is kept on the loopback interface; this API does not. The node prints ``READY`` once it
+is up and stops exactly its own processes on SIGTERM (never ``ray stop``, which stops every Ray on the machine).
+Settings come from the environment the test gives it: ``RAY_TMPDIR`` (private session folder), ``RAY_AUTH_MODE`` /
+``RAY_AUTH_TOKEN_PATH`` (token auth).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+import ray._private.node
+import ray._private.parameter
+
+
+def main(role: str, where: str, agent_port: str, metrics_port: str, dashboard_port: str) -> None:
+    common = {"node_ip_address": "127.0.0.1", "num_cpus": 1, "num_gpus": 0, "object_store_memory": 150 * 1024**2,
+              "temp_dir": os.environ["RAY_TMPDIR"], "min_worker_port": 0, "max_worker_port": 0,
+              "dashboard_agent_listen_port": int(agent_port), "metrics_export_port": int(metrics_port),
+              "dashboard_port": int(dashboard_port)}  # fmt: skip
+    if role == "head":
+        params = ray._private.parameter.RayParams(gcs_server_port=int(where), include_dashboard=False, **common)
+    else:
+        params = ray._private.parameter.RayParams(gcs_address=where, include_log_monitor=False, **common)
+    node = ray._private.node.Node(params, head=role == "head", shutdown_at_exit=True, spawn_reaper=True)
+    print(f"READY {node.gcs_address} {node.node_id}", flush=True)
+    # A Python handler, set after Ray set up the node, and a main thread that wakes up to run it: the OS may deliver
+    # SIGTERM to one of Ray's threads (a blocked mask would be inherited by every Ray process started from here).
+    stop = threading.Event()
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])

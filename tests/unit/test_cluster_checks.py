@@ -1,0 +1,123 @@
+"""The checks made before a sweep attaches to a cluster, on their own: address parsing, where the token comes from,
+the driver's environment, and the messages for storage, code and tracking problems (the real two-node cluster runs
+them end to end in tests/cluster)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import parse_params
+from pipeline.sweep import session
+from pipeline.sweep.cluster import check_tracking_store, check_views
+from pipeline.sweep.identity import code_hash
+from pipeline.trial.code_version import TrialCodeMismatch, check_trial_code
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [("127.0.0.1:6379", ("127.0.0.1", 6379)), ("head.example:6380", ("head.example", 6380)),
+     ("[::1]:6379", ("::1", 6379)), ("auto", None), ("ray://head:10001", None)],
+)  # fmt: skip
+def test_gcs_address_is_host_and_port(address: str, expected: tuple | None) -> None:
+    assert session.gcs_host_port(address) == expected
+
+
+@pytest.mark.parametrize("address", ["head", "head:port", ":6379"])
+def test_an_address_without_a_port_names_the_key(address: str) -> None:
+    with pytest.raises(ValueError, match=r"^sweep.ray_address: .* is not host:port"):
+        session.gcs_host_port(address)
+
+
+def test_token_is_looked_up_in_rays_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    assert session.auth_token_source() is None
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray/auth_token").write_text("t")
+    assert session.auth_token_source() == "~/.ray/auth_token"
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/somewhere/token")
+    assert session.auth_token_source() == "$RAY_AUTH_TOKEN_PATH (/somewhere/token)"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "secret")
+    assert session.auth_token_source() == "$RAY_AUTH_TOKEN"
+
+
+@pytest.mark.parametrize(
+    ("address", "token", "mode", "loopback"),
+    [("127.0.0.1:6379", "x", "token", "0"), ("localhost:6379", None, None, "0"), ("10.0.0.5:6379", "x", "token", None),
+     (None, "x", None, "0")],
+)  # fmt: skip
+def test_driver_env_for_the_address(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, address: str | None, token: str | None, mode: str | None,
+    loopback: str | None,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS"):
+        monkeypatch.delenv(key, raising=False)
+    if token:
+        monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    else:
+        monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    sweep = parse_params({"sweep": {"ray_address": address}}, "test").sweep
+    session.prepare_driver_env(sweep)
+    assert os.environ.get("RAY_AUTH_MODE") == mode
+    assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == loopback
+
+
+def test_users_auth_mode_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "x")
+    session.prepare_driver_env(parse_params({"sweep": {"ray_address": "10.0.0.5:6379"}}, "test").sweep)
+    assert os.environ["RAY_AUTH_MODE"] == "disabled"
+
+
+def test_nothing_listening_fails_at_once_naming_the_key() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        with pytest.raises(ValueError, match=r"^sweep.ray_address: cannot attach to the Ray cluster at 127.0.0.1:"):
+            session.check_attachable(f"127.0.0.1:{port}", timeout_s=2)
+
+
+def test_sqlite_with_several_nodes_is_refused_unless_insisted() -> None:
+    params = parse_params({}, "test")
+    with pytest.raises(ValueError, match=r"^tracking.uri: sqlite:////x/mlflow.db is a file on this machine only"):
+        check_tracking_store(params, "sqlite:////x/mlflow.db", 2)
+    check_tracking_store(params, "http://mlflow:5000", 2)
+    check_tracking_store(parse_params({"tracking": {"sqlite_on_cluster": True}}, "test"), "sqlite:////x/m.db", 2)
+
+
+def _view(**changes: object) -> dict:
+    return {"node_id": "ab" * 28, "ip": "10.0.0.7", "seen": True, "wrote": "", "driver_sees_reply": True,
+            "code": "c0de", **changes}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [({"seen": False}, r"^sweep.storage_path: /s is not shared: node 10.0.0.7 \(abababab\) does not see"),
+     ({"wrote": "PermissionError: no"}, r"^sweep.storage_path: /s is not writable on node 10.0.0.7"),
+     ({"driver_sees_reply": False}, r"^sweep.storage_path: /s is not shared: the driver does not see what node"),
+     ({"code": "0ther"}, r"^node 10.0.0.7 \(abababab\) imports trial code 0ther, the driver runs c0de")],
+)  # fmt: skip
+def test_node_views_name_the_problem(changes: dict, message: str) -> None:
+    check_views([_view()], Path("/s"), "c0de")
+    with pytest.raises(ValueError, match=message):
+        check_views([_view(), _view(**changes)], Path("/s"), "c0de")
+
+
+def test_trial_refuses_other_trial_code() -> None:
+    check_trial_code(None)
+    check_trial_code(code_hash())
+    with pytest.raises(TrialCodeMismatch, match=r"^trial code \w+ \(from .*\) on node .*, but the driver runs 0ther"):
+        check_trial_code("0ther")
+
+
+def test_the_shipped_code_is_this_checkout() -> None:
+    assert session.code_runtime_env(ROOT) == {"working_dir": str(ROOT)}
+    assert ".git" in (ROOT / ".rayignore").read_text().split()  # the upload leaves history and stores out
