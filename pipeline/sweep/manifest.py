@@ -63,14 +63,19 @@ class TuneManifest:
     stage: str = STAGE
 
     def metrics_summary(self) -> dict[str, dict[str, float]]:
-        """Final test accuracy per variant: mean, std and count over seeds, of the trials that ran to their end
-        (finished, or stopped early by ASHA); for ``dvc metrics show``."""
+        """Final test accuracy per variant: mean, count (``test_acc_n``) and std over seeds, of the trials that ran to
+        their end (finished, or stopped early by ASHA); for ``dvc metrics show``. Every key starts with ``test_acc``
+        so the mean is the first column ``dvc exp show`` gives a variant (the file's keys are written sorted)."""
         per_variant: dict[str, list[float]] = {}
         for trial in self.trials:
             if trial.status in COMPLETED and "test_acc" in trial.metrics:
                 per_variant.setdefault(trial.variant, []).append(trial.metrics["test_acc"])
         return {
-            variant: {"test_acc": statistics.fmean(accs), "test_acc_std": statistics.pstdev(accs), "seeds": len(accs)}
+            variant: {
+                "test_acc": statistics.fmean(accs),
+                "test_acc_n": len(accs),
+                "test_acc_std": statistics.pstdev(accs),
+            }
             for variant, accs in sorted(per_variant.items())
         }
 

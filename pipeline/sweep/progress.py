@@ -13,13 +13,14 @@ import os
 from ray import tune
 
 from pipeline.sweep.plan import METRIC
+from pipeline.trial.report import ETA_KEY
 
 # Trial config keys and report keys -> column titles. Tune's own ``training_iteration`` / ``time_total_s`` give the
 # elapsed time per trial; the header line gives the sweep's running time.
 PARAMETER_COLUMNS = {"variant": "variant", "seed": "seed"}
 METRIC_COLUMNS = {
     "epoch": "epoch", "train_loss": "train_loss", METRIC: METRIC, "images_per_s": "images/s",
-    "time_total_s": "time (s)",
+    "time_total_s": "time (s)", ETA_KEY: "ETA (s)",
 }  # fmt: skip
 REFRESH_S = 120  # at most one table per 2 minutes while trials run, and the final one: hours of training stay readable
 
@@ -39,7 +40,8 @@ class SweepReporter(tune.CLIReporter):
 
 
 def progress_reporter() -> tune.CLIReporter:
-    """The sweep's progress table (variant, seed, epoch, train loss, test accuracy, images/s, time), best trial first.
+    """The sweep's progress table (variant, seed, epoch, train loss, test accuracy, images/s, time, ETA), best trial
+    first.
 
     Switches Ray to its legacy output engine unless the user chose one (see the module docstring): call it before
     ``Tuner.fit``.

@@ -37,12 +37,12 @@ class SweepSummary:
     title: str  # e.g. "Sweep of 5 variants x 1 seed"
     data: str  # e.g. "digits 16x16 (prepared data sha256 3c18bfa94854)"
     epochs: int
-    accuracy: dict[str, dict[str, float]]  # variant -> test_acc, test_acc_std, seeds
+    accuracy: dict[str, dict[str, float]]  # variant -> test_acc, test_acc_std, test_acc_n (seeds)
 
 
 def describe(summary: SweepSummary, registered: dict[str, str]) -> str:
     """The parent run's Markdown description."""
-    rows = [f"| {variant} | {acc['test_acc']:.4f} | {acc['test_acc_std']:.4f} | {int(acc['seeds'])} |"
+    rows = [f"| {variant} | {acc['test_acc']:.4f} | {acc['test_acc_std']:.4f} | {int(acc['test_acc_n'])} |"
             for variant, acc in sorted(summary.accuracy.items(), key=lambda item: -item[1]["test_acc"])]  # fmt: skip
     lines = [
         f"**{summary.title}**, {summary.epochs} epochs each, on {summary.data}.",

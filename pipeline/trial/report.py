@@ -10,6 +10,8 @@ from __future__ import annotations
 METRIC_KEYS = (
     "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s",
 )  # fmt: skip
+# For Tune's progress table only (not an MLflow metric): seconds left for this trial at its last epoch's pace.
+ETA_KEY = "eta_s"
 # Where the trial runs (node, device, precision), reported under this key and logged as run tags.
 WHERE_KEY = "trial_tags"
 

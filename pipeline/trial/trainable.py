@@ -23,7 +23,7 @@ from pipeline.trial.checkpoint import checkpoint_loads
 from pipeline.trial.code_version import check_trial_code
 from pipeline.trial.device import device_tags
 from pipeline.trial.loop import DivergedError, run_trial
-from pipeline.trial.report import UNRETRYABLE_FILE, WHERE_KEY, UnretryableTrialError
+from pipeline.trial.report import ETA_KEY, UNRETRYABLE_FILE, WHERE_KEY, UnretryableTrialError
 
 if TYPE_CHECKING:
     from pipeline.data.prepared import PreparedData
@@ -82,7 +82,9 @@ def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, An
     checkpoint = tune.get_checkpoint()
 
     def reporter(metrics: dict[str, float], checkpoint_dir: Path) -> None:
-        tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+        eta = (train_cfg.epochs - metrics["epoch"]) * metrics["epoch_time_s"]  # for the progress table
+        report = {**metrics, ETA_KEY: eta, **where}
+        tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
         where.clear()
         if checkpoint is None and fail_after is not None and metrics["epoch"] == fail_after:
             raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")

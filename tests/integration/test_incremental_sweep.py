@@ -89,7 +89,7 @@ def test_adding_seeds_and_variants_trains_only_the_new_trials(project: Project, 
     assert third["trained"] == [("sa_learned_9", 0), ("sa_learned_9", 1)] and len(third["reused"]) == 4
     assert set(runs_per_key(third["client"], third["manifest"]).values()) == {1}
     metrics = json.loads((project.path / "results/tune/metrics.json").read_text())
-    assert metrics["resnet18"]["seeds"] == 2 and metrics["sa_learned_9"]["seeds"] == 2
+    assert metrics["resnet18"]["test_acc_n"] == 2 and metrics["sa_learned_9"]["test_acc_n"] == 2
 
     shutil.rmtree(third["manifest"]["ray_experiment_path"])  # Ray results gone: the runs are still reused
     again = tune(project, params)

@@ -115,7 +115,7 @@ def test_progress_output_reads_at_a_glance(swept: dict, tmp_path: Path) -> None:
     (tmp_path / "tune_stdout.txt").write_text("\n".join(tune))
     headers = [line for line in tune if line.startswith("| Trial name") and "status" in line]
     assert headers, "\n".join(tune)
-    for column in ("variant", "seed", "epoch", "train_loss", "test_acc", "images/s", "time (s)"):
+    for column in ("variant", "seed", "epoch", "train_loss", "test_acc", "images/s", "time (s)", "ETA (s)"):
         assert all(column in header for header in headers), column
     assert "trial_tags" not in swept["output"] and "fail_once_after_epoch" not in "\n".join(tune)
     assert len(tune) <= TUNE_LINES_BEFORE // 3, "\n".join(tune)

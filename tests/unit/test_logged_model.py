@@ -75,8 +75,8 @@ def test_the_parent_run_gets_summary_metrics_a_description_and_the_best_models(s
         _trial(client, experiment_id, tmp_path, "sa_b", 0, 0.40),
     ]
     parent = client.create_run(experiment_id).info.run_id
-    accuracy = {"sa_a": {"test_acc": 0.6, "test_acc_std": 0.1, "seeds": 2},
-                "sa_b": {"test_acc": 0.4, "test_acc_std": 0.0, "seeds": 1}}  # fmt: skip
+    accuracy = {"sa_a": {"test_acc": 0.6, "test_acc_std": 0.1, "test_acc_n": 2},
+                "sa_b": {"test_acc": 0.4, "test_acc_std": 0.0, "test_acc_n": 1}}  # fmt: skip
     sweep = summary.SweepSummary("Sweep of 2 variants x 2 seeds", "digits 8x8", 2, accuracy)
 
     summary.publish_summary(client.tracking_uri, parent, sweep, trials)
