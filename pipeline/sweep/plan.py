@@ -6,6 +6,7 @@ has started and the MLflow parent run exists, and ``format_plan`` is what ``pyth
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,22 @@ def planned_trials(params: Params, project_root: Path, data_hash: str | None) ->
     return sweep_plans(params, data_hash, uri, experiment_id), "new"
 
 
+def stale_data(params: Params, project_root: Path) -> list[str]:
+    """How the prepared data on disk differs from what ``params.data`` asks for (empty when it matches or is missing):
+    a dry run must not present, say, the digits prepared for the smoke profile as the paper's CIFAR-10."""
+    path = project_root / params.data.prepared_dir / "manifest.json"
+    if not path.is_file():
+        return []
+    prepared = json.loads(path.read_text())
+    shape = prepared.get("image_shape") or [None, None, None]
+    found = {"data.dataset": prepared.get("dataset"), "data.image_size": shape[-1],
+             "data.test_fraction": prepared.get("test_fraction")}  # fmt: skip
+    wanted = {"data.dataset": params.data.dataset, "data.image_size": params.data.image_size,
+              "data.test_fraction": params.data.test_fraction}  # fmt: skip
+    return [f"{key} is {wanted[key]!r} but the prepared data has {found[key]!r}"
+            for key in wanted if found[key] is not None and found[key] != wanted[key]]  # fmt: skip
+
+
 def format_plan(params: Params, project_root: Path) -> str:
     """The dry run, human-readable: per trial what would happen (reuse a run, resume it, train), resources, and where
     it would run and be recorded."""
@@ -116,4 +133,7 @@ def format_plan(params: Params, project_root: Path) -> str:
         f"mlflow: {tracking.tracking_uri(params.tracking, project_root)}, experiment {params.tracking.experiment!r}",
         f"data: {data} ({'content ' + data_hash[:12] if data_hash else 'MISSING: run the prepare stage'})",
     ]
+    if stale := stale_data(params, project_root):
+        lines.append(f"data is STALE: {'; '.join(stale)}; `dvc repro` re-prepares it before the sweep (the plan above "
+                     "is for the data on disk)")  # fmt: skip
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -94,3 +95,18 @@ def test_the_dry_run_reports_the_problem_and_exits_2(tmp_path: Path, monkeypatch
         assert tune_stage.main(["--dry-run"]) == 2
     assert "variant" in capsys.readouterr().out  # the plan is still shown
     assert "sweep.resources.cpu" in caplog.text
+
+
+def test_the_dry_run_says_when_the_prepared_data_is_not_what_params_ask_for(tmp_path: Path) -> None:
+    """The paper's params over the smoke profile's digits: the dry run says the data is stale (and what fixes it)."""
+    from pipeline.sweep.plan import stale_data
+
+    prepared = tmp_path / "data/prepared"
+    prepared.mkdir(parents=True)
+    manifest = {"dataset": "digits", "image_shape": [3, 16, 16], "test_fraction": 0.2}
+    (prepared / "manifest.json").write_text(json.dumps(manifest))
+    assert stale_data(_params(), tmp_path) == []  # the smoke profile's own data
+    paper = load_params(ROOT / "params/paper.yaml")
+    stale = stale_data(paper, tmp_path)
+    assert "data.dataset is 'cifar10' but the prepared data has 'digits'" in stale
+    assert "data.image_size is 32 but the prepared data has 16" in stale
