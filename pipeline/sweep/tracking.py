@@ -333,6 +333,7 @@ class MlflowTrialCallback(Callback):
         self.last_epoch: dict[str, int] = {}
         self._logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
         self._nodes: dict[str, list[str]] = {}  # run_id -> the nodes it ran on (the ray.node_ids tag)
+        self._seen_where: dict[str, dict[str, str]] = {}  # trial_id -> node and device of its last report
         self._client: CountingClient | None = None
         self.epochs_logged = 0
 
@@ -417,8 +418,8 @@ class MlflowTrialCallback(Callback):
             return
         epoch = int(result["epoch"])
         self.last_epoch[trial.trial_id] = epoch
-        # Node and device come with a trial process's first report only (a retry may run elsewhere): tag them as sent.
-        where = self._where_tags(run_id, result)
+        # Node and device come with every report: tagged when they change (a retry may run elsewhere).
+        where = self._where_tags(trial.trial_id, run_id, result)
         if epoch <= self._logged_through.get(trial.trial_id, 0):
             log.info("MLflow: trial %s epoch %d is already in run %s; not logged again", trial.trial_id, epoch, run_id)
             if where:
@@ -429,9 +430,13 @@ class MlflowTrialCallback(Callback):
         self.client.log_batch(run_id, metrics=metrics, tags=where)
         self.epochs_logged += 1
 
-    def _where_tags(self, run_id: str, result: dict) -> list[RunTag]:
-        """The node and device a report came from, with ``ray.node_ids`` extended when the node is new."""
+    def _where_tags(self, trial_id: str, run_id: str, result: dict) -> list[RunTag]:
+        """The node and device a report came from when they differ from the trial's previous report (none when they do
+        not), with ``ray.node_ids`` extended when the node is new."""
         where = {k: str(v) for k, v in (result.get(WHERE_KEY) or {}).items()}
+        if where == self._seen_where.get(trial_id):
+            return []
+        self._seen_where[trial_id] = where
         if node := where.get("ray.node_id"):
             where |= self._nodes_tag(run_id, node)
         return [RunTag(k, v) for k, v in where.items()]

@@ -75,8 +75,8 @@ def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, An
         if train_cfg.device == "cuda":
             raise ValueError("train.device is 'cuda' but Ray assigned this trial no GPU (sweep.resources.gpu)")
         train_cfg = train_cfg.model_copy(update={"device": "cpu"})
-    # Where it runs goes with this process's first report only: the driver tags the run with it, and Tune's tables
-    # and result files do not repeat it every epoch. A retry (maybe on another node) reports it again.
+    # Where it runs goes with every report (the driver tags the run when it changes: a retry may run elsewhere, and a
+    # first report can be the one a retry re-trains and skips); the progress table's chosen columns leave it out.
     where = {WHERE_KEY: {"ray.node_id": ray.get_runtime_context().get_node_id(), **device_tags(train_cfg)}}
     fail_after = params.sweep.fail_once_after_epoch  # from the params, so the hook stays out of Tune's trial config
     checkpoint = tune.get_checkpoint()
@@ -85,7 +85,6 @@ def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, An
         eta = (train_cfg.epochs - metrics["epoch"]) * metrics["epoch_time_s"]  # for the progress table
         report = {**metrics, ETA_KEY: eta, **where}
         tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
-        where.clear()
         if checkpoint is None and fail_after is not None and metrics["epoch"] == fail_after:
             raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
 
