@@ -26,6 +26,7 @@ from pathlib import Path
 from pipeline.config import Params
 from pipeline.io import check_tracking_server, write_json_atomic
 from pipeline.prune.manifest import write_prune_manifest
+from pipeline.sweep.location import store_root
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import read_tune_manifest
 from pipeline.sweep.session import prepare_driver_env
@@ -37,16 +38,16 @@ OUT_DIR = Path("results/prune")  # relative to the working directory, like every
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
+    root = store_root(Path.cwd())  # where the stores live; the outputs go to the workspace, where DVC collects them
     if not args.dry_run:  # one prune at a time per project; refused before Ray starts
-        hold_stage_lock(Path("results/.prune.lock"), "prune")
+        hold_stage_lock(root / "results/.prune.lock", "prune")
     prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
     from pipeline.prune.plan import check_fresh, format_plans, local_sources, plan_pruning, select_sources
     from pipeline.sweep import tracking
     from pipeline.sweep.plan import storage_dir
 
-    root = Path.cwd()  # dvc runs stages from the repository root
-    manifest = read_tune_manifest(root / TUNE_MANIFEST)
-    check_fresh(params, manifest, TUNE_MANIFEST, root)
+    manifest = read_tune_manifest(TUNE_MANIFEST, root)  # a DVC dep: in the workspace; its paths name the project
+    check_fresh(params, manifest, TUNE_MANIFEST, Path.cwd())
     sources, skipped = select_sources(params, manifest)
     if sources:
         check_tracking_server(manifest.tracking_uri, f"{TUNE_MANIFEST} (tracking_uri)")
@@ -62,11 +63,11 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         return 0
     from pipeline.data.prepared import load_prepared
 
-    data = load_prepared(root / params.data.prepared_dir)
+    data = load_prepared(Path(params.data.prepared_dir))  # a DVC dep: in the workspace (dvc runs stages from its root)
     outcome = run_prune(params, data, root, manifest, plans, skipped)
     if outcome.interrupted:
         return 130
-    write_prune_manifest(OUT_DIR / "manifest.json", outcome.manifest)
+    write_prune_manifest(OUT_DIR / "manifest.json", outcome.manifest, root)
     write_json_atomic(OUT_DIR / "metrics.json", outcome.manifest.metrics_summary())
     for model in outcome.manifest.models:
         log.info("%s seed %d: heads cut %s, params %s -> %s, test acc %.4f before, %.4f right after pruning, %s after "

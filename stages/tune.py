@@ -5,7 +5,9 @@ Writes: results/tune/manifest.json  MLflow tracking URI, experiment and parent r
                                     variant, seed, status, final metrics, last checkpoint dir, head-centre history
         results/tune/metrics.json   final test accuracy per variant (mean/std over seeds) for `dvc metrics show`
 Side effects (never DVC outs): MLflow runs (tracking.uri, default sqlite <project>/mlflow.db) and Ray results
-(sweep.storage_path/tune-<params hash>). An interrupted run (Ctrl-C) is restored from there by the next run.
+(sweep.storage_path/tune-<params hash>). An interrupted run (Ctrl-C) is restored from there by the next run. The
+project is the DVC repository ($DVC_ROOT): a queued or --temp `dvc exp run` keeps its runs in the real project.
+The manifest's paths inside the project are relative to it.
 Trials are found by identity (model, train config with seed, prepared data, trial code) in the MLflow store: a
 finished run is reused, an unfinished one continues from its checkpoint, only the rest train (sweep.retrain or
 --retrain: train every trial anew). A grown sweep (a seed or a variant more) trains only its new trials.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from pipeline.config import Params
 from pipeline.io import write_json_atomic
+from pipeline.sweep.location import store_root
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import ERROR, write_tune_manifest
 from pipeline.sweep.session import prepare_driver_env
@@ -37,8 +40,9 @@ OUT_DIR = Path("results/tune")  # relative to the working directory, like every 
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
+    root = store_root(Path.cwd())  # where the stores live; the outputs go to the workspace, where DVC collects them
     if not args.dry_run:  # one tune at a time per project; refused before Ray starts
-        hold_stage_lock(Path("results/.tune.lock"), "tune")
+        hold_stage_lock(root / "results/.tune.lock", "tune")
     if args.retrain:
         params = params.model_copy(update={"sweep": params.sweep.model_copy(update={"retrain": True})})
     prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
@@ -47,21 +51,21 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     from pipeline.sweep.run import run_sweep
 
     if args.dry_run:
-        print(format_plan(params, Path.cwd()))
-        preflight(params, Path.cwd())  # after the plan, so a problem is the last thing on screen
+        print(format_plan(params, root))
+        preflight(params, root)  # after the plan, so a problem is the last thing on screen
         return 0
     from pipeline.data.prepared import load_prepared
 
-    root = Path.cwd()  # dvc runs stages from the repository root
-    data = load_prepared(root / params.data.prepared_dir)
+    data = load_prepared(Path(params.data.prepared_dir))  # a DVC dep: in the workspace (dvc runs stages from its root)
     outcome = run_sweep(params, data, root)
     if outcome.interrupted:
         return 130
     manifest = outcome.manifest()
-    write_tune_manifest(OUT_DIR / "manifest.json", manifest)
+    write_tune_manifest(OUT_DIR / "manifest.json", manifest, root)
     write_json_atomic(OUT_DIR / "metrics.json", manifest.metrics_summary())
-    log.info("wrote %s (parent run %s; %d trial(s) trained or resumed, %d reused)", OUT_DIR / "manifest.json",
-             outcome.sweep.parent_run_id, outcome.trained, len(manifest.trials) - outcome.trained)  # fmt: skip
+    log.info("wrote %s (parent run %s, %s; %d trial(s) trained or resumed, %d reused)", OUT_DIR / "manifest.json",
+             outcome.sweep.parent_run_id, "restored" if outcome.restored else "new", outcome.trained,
+             len(manifest.trials) - outcome.trained)  # fmt: skip
     if outcome.failed:
         failed = [t for t in manifest.trials if t.status == ERROR]
         for trial in (t for t in failed if t.failure_reason):  # a re-run would fail the same way: say what to change

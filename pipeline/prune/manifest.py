@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from pipeline.io import write_json_atomic
-from pipeline.sweep.manifest import read_manifest
+from pipeline.sweep.manifest import read_manifest, write_manifest
 
 STAGE = "prune"
 FLOP_CONVENTIONS = {
@@ -50,6 +49,7 @@ class PrunedModel:
     metrics: dict[str, float] = field(default_factory=dict)  # the last fine-tuning epoch's report
     prune_key: str | None = None  # identity: the source trial's key and the prune config
     reused: bool = False  # an earlier prune run's finished fine-tuning run of the same identity, not trained again
+    PATHS: ClassVar[tuple[str, ...]] = ("pruned_checkpoint_dir", "checkpoint_dir")  # project-relative in the file
 
 
 @dataclass
@@ -67,6 +67,7 @@ class PruneManifest:
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"variant", "seed", "run_id", "reason"}
     flop_conventions: dict[str, str] = field(default_factory=lambda: dict(FLOP_CONVENTIONS))
     stage: str = STAGE
+    PATHS: ClassVar[tuple[str, ...]] = ("ray_experiment_path",)
 
     def metrics_summary(self) -> dict[str, dict[str, float]]:
         """Per pruned variant (``<variant>_pruned``), for ``dvc metrics show``: accuracies at the three moments,
@@ -92,10 +93,12 @@ class PruneManifest:
         return asdict(self)
 
 
-def write_prune_manifest(path: Path, manifest: PruneManifest) -> None:
-    write_json_atomic(path, manifest.to_json())
+def write_prune_manifest(path: Path, manifest: PruneManifest, project_root: Path) -> None:
+    """Paths and an sqlite store inside ``project_root`` are written relative to it (``write_manifest``)."""
+    write_manifest(path, manifest, "models", PrunedModel, project_root)
 
 
-def read_prune_manifest(path: Path) -> PruneManifest:
-    """The manifest at ``path``; a missing, unreadable or incomplete file raises naming the file and what to do."""
-    return read_manifest(path, PruneManifest, "models", PrunedModel, STAGE)
+def read_prune_manifest(path: Path, project_root: Path) -> PruneManifest:
+    """The manifest at ``path``, its paths resolved against ``project_root``; a missing, unreadable or incomplete file
+    raises naming the file and what to do."""
+    return read_manifest(path, PruneManifest, "models", PrunedModel, STAGE, project_root)

@@ -154,6 +154,7 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
         tags={**base_tags, "ray.experiment_path": str(path), "sweep.role": "parent",
               "prune.source_sweep_run_id": tune_manifest.parent_run_id},
         params=tracking.flatten({"prune": rule, "sources": len(plans)}), project_root=project_root,
+        default_store=params.tracking.uri is None,
     )  # fmt: skip
     write_plan(path, decided)
     run_info = functools.partial(finetune_run_info, params_json=tuned.model_dump(mode="json"),

@@ -4,6 +4,10 @@
 MLflow runs of the sweep (tracking URI, experiment, parent run, one run per trial) and each trial's last checkpoint.
 Later stages read it through ``read_tune_manifest`` and find runs by these ids, never as "the latest runs". This module
 imports neither Ray nor MLflow, so every stage can read the manifest.
+
+The file is git-tracked, so it holds nothing tied to one machine or one run: paths (and an sqlite store) inside the
+project are written relative to the project root and resolved against it on reading, so a moved, copied or cloned
+project reads its own; a path outside it (shared cluster storage, a server URI) is kept as given.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pipeline.io import write_json_atomic
 
@@ -37,13 +41,14 @@ class TrialRecord:
     status: str  # FINISHED | EARLY_STOPPED | ERROR | INTERRUPTED
     epochs_completed: int
     metrics: dict[str, float]
-    checkpoint_dir: str | None  # absolute path of the last checkpoint dir (checkpoint.pt, head_history.json)
-    head_history: str | None  # absolute path of head_history.json (None: the model has no Gaussian heads)
+    checkpoint_dir: str | None  # the last checkpoint dir (checkpoint.pt, head_history.json)
+    head_history: str | None  # head_history.json (None: the model has no Gaussian heads)
     artifacts: dict[str, str] = field(default_factory=dict)  # MLflow artifact URIs of the same files
     trial_key: str | None = None  # the trial's identity (model, train config with seed, data, trial code)
     reused: bool = False  # an earlier sweep's finished run of the same identity, not trained again
     sweep_run_id: str | None = None  # the parent run of the sweep that started the run (this one or an earlier one)
     failure_reason: str | None = None  # why it failed without retries (divergence, bad config): what to change
+    PATHS: ClassVar[tuple[str, ...]] = ("checkpoint_dir", "head_history")  # project-relative in the file
 
 
 @dataclass
@@ -53,7 +58,6 @@ class TuneManifest:
     params_hash: str
     experiment_name: str
     ray_experiment_path: str
-    restored: bool  # this run continued an interrupted sweep
     metric: str
     mode: str
     tracking_uri: str
@@ -61,6 +65,7 @@ class TuneManifest:
     parent_run_id: str
     trials: list[TrialRecord]
     stage: str = STAGE
+    PATHS: ClassVar[tuple[str, ...]] = ("ray_experiment_path",)
 
     def metrics_summary(self) -> dict[str, dict[str, float]]:
         """Final test accuracy per variant: mean, count (``test_acc_n``) and std over seeds, of the trials that ran to
@@ -83,25 +88,74 @@ class TuneManifest:
         return asdict(self)
 
 
-def write_tune_manifest(path: Path, manifest: TuneManifest) -> None:
-    write_json_atomic(path, manifest.to_json())
+def write_tune_manifest(path: Path, manifest: TuneManifest, project_root: Path) -> None:
+    write_manifest(path, manifest, "trials", TrialRecord, project_root)
 
 
-def read_tune_manifest(path: Path) -> TuneManifest:
-    """The manifest at ``path``; a missing, unreadable or incomplete file raises naming the file and what to do."""
-    return read_manifest(path, TuneManifest, "trials", TrialRecord, STAGE)
+def read_tune_manifest(path: Path, project_root: Path) -> TuneManifest:
+    """The manifest at ``path``, its paths resolved against ``project_root``; a missing, unreadable or incomplete file
+    raises naming the file and what to do."""
+    return read_manifest(path, TuneManifest, "trials", TrialRecord, STAGE, project_root)
 
 
-def read_manifest(path: Path, cls: type[M], items: str, item_cls: type, stage: str) -> M:
-    """A stage's manifest: the dataclass ``cls`` whose list field ``items`` holds ``item_cls`` records. A missing,
-    unreadable or incomplete file raises naming the file and the stage to run; fields a newer writer added are
-    ignored."""
+def portable_path(path: str | None, project_root: Path) -> str | None:
+    """``path`` relative to ``project_root`` (POSIX form) when it lies inside it, else as given."""
+    if not path or not Path(path).is_absolute():
+        return path
+    absolute, root = Path(path).resolve(), project_root.resolve()
+    return absolute.relative_to(root).as_posix() if absolute.is_relative_to(root) else path
+
+
+def resolved_path(path: str | None, project_root: Path) -> str | None:
+    """A manifest's path as an absolute one: a relative path lies in ``project_root``."""
+    return str(project_root.resolve() / path) if path and not Path(path).is_absolute() else path
+
+
+def portable_uri(uri: str, project_root: Path) -> str:
+    """An sqlite store inside the project as ``sqlite:///<relative path>``; any other store as given."""
+    if not uri.startswith("sqlite:///"):
+        return uri
+    return f"sqlite:///{portable_path(uri.removeprefix('sqlite:///'), project_root)}"
+
+
+def resolved_uri(uri: str, project_root: Path) -> str:
+    """A manifest's tracking URI with a relative sqlite path resolved against ``project_root`` (not the cwd)."""
+    if not uri.startswith("sqlite:///"):
+        return uri
+    return f"sqlite:///{resolved_path(uri.removeprefix('sqlite:///'), project_root)}"
+
+
+def _convert(raw: dict[str, Any], cls: type, items: str, item_cls: type, path: Any, uri: Any) -> dict[str, Any]:
+    """``raw`` (a manifest as JSON) with ``path`` applied to its path fields and ``uri`` to its tracking URI."""
+
+    def paths(record: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+        return {**record, **{name: path(record[name]) for name in names if name in record}}
+
+    converted = paths(raw, cls.PATHS)
+    if "tracking_uri" in raw:
+        converted["tracking_uri"] = uri(raw["tracking_uri"])
+    converted[items] = [paths(record, item_cls.PATHS) for record in raw[items]]
+    return converted
+
+
+def write_manifest(path: Path, manifest: Any, items: str, item_cls: type, project_root: Path) -> None:
+    """Write a stage's manifest atomically with its paths and sqlite store made relative to ``project_root``."""
+    converted = _convert(manifest.to_json(), type(manifest), items, item_cls,
+                         lambda p: portable_path(p, project_root), lambda u: portable_uri(u, project_root))  # fmt: skip
+    write_json_atomic(path, converted)
+
+
+def read_manifest(path: Path, cls: type[M], items: str, item_cls: type, stage: str, project_root: Path) -> M:
+    """A stage's manifest: the dataclass ``cls`` whose list field ``items`` holds ``item_cls`` records, its paths
+    resolved against ``project_root``. A missing, unreadable or incomplete file raises naming the file and the stage
+    to run; fields a newer writer added are ignored."""
     path = Path(path)
     hint = f"run the {stage} stage first (`dvc repro {stage}`)"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no {stage} manifest; {hint}")
     try:
-        raw = json.loads(path.read_text())
+        raw = _convert(json.loads(path.read_text()), cls, items, item_cls,
+                       lambda p: resolved_path(p, project_root), lambda u: resolved_uri(u, project_root))  # fmt: skip
         records = [item_cls(**_known(item_cls, item)) for item in raw[items]]
         return cls(**{**_known(cls, raw), items: records})
     except (json.JSONDecodeError, KeyError, TypeError) as err:

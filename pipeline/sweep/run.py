@@ -69,7 +69,7 @@ def trial_run_info(config: dict[str, Any], params_json: dict[str, Any], data_has
 class SweepOutcome:
     experiment_name: str
     experiment_path: str
-    restored: bool  # this run continued an interrupted sweep
+    restored: bool  # this run continued an interrupted sweep (logged, not in the manifest: it flips on a restore)
     sweep: tracking.SweepRun
     trials: list[TrialRecord]
     mlflow_calls: dict[str, int] = field(default_factory=dict)  # client requests by method, this run
@@ -92,7 +92,7 @@ class SweepOutcome:
     def manifest(self) -> TuneManifest:
         return TuneManifest(
             params_hash=self.experiment_name.removeprefix(f"{STAGE}-"), experiment_name=self.experiment_name,
-            ray_experiment_path=self.experiment_path, restored=self.restored, metric=METRIC, mode=MODE,
+            ray_experiment_path=self.experiment_path, metric=METRIC, mode=MODE,
             tracking_uri=self.sweep.tracking_uri, experiment_id=self.sweep.experiment_id,
             parent_run_id=self.sweep.parent_run_id, trials=self.trials,
         )  # fmt: skip
@@ -169,7 +169,8 @@ def trial_config(plan: TrialPlan) -> dict[str, Any]:
 
 def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOutcome:
     """Run (or restore and finish) the trials of the sweep that are not reused; the driver opens the MLflow parent
-    run and decides what to reuse before any trial starts."""
+    run and decides what to reuse before any trial starts. ``project_root``: where the stores resolve
+    (``location.store_root``)."""
     preflight(params, project_root)
     data_hash = content_hash(data)
     name = experiment_name(params, data_hash)
@@ -182,7 +183,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOu
     sweep = tracking.open_sweep_run(
         uri, params.tracking.experiment, path, run_name=name,
         tags={**base_tags, "ray.experiment_path": str(path), "sweep.role": "parent"}, params=sweep_params,
-        project_root=project_root,
+        project_root=project_root, default_store=params.tracking.uri is None,
     )  # fmt: skip
     # A restored sweep continues the plan it was started with (its Tune experiment holds exactly those trials).
     plans = read_plan(path) if restored else None

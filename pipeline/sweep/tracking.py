@@ -34,6 +34,7 @@ from ray.tune import Callback
 from ray.tune.utils import flatten_dict
 
 from pipeline.config import TrackingConfig
+from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root
 from pipeline.sweep.logged_model import MODEL_URI_TAG, PreparedDataset, log_trial_model
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
 from pipeline.sweep.reuse import TRIAL_PATH_TAG
@@ -97,10 +98,13 @@ def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
     return cfg.uri or f"sqlite:///{(project_root / 'mlflow.db').resolve()}"
 
 
-def prepare_store(uri: str) -> None:
+def prepare_store(uri: str, artifacts: Path | None = None) -> None:
     """Create (migrate) a local sqlite store in one process at a time. MLflow builds a fresh database's schema on first
     use; two processes doing it at once (two projects sharing one store) crash in the migration. The second waits on
-    a lock file beside the database, then finds the schema complete. Other stores need nothing."""
+    a lock file beside the database, then finds the schema complete. Other stores need nothing.
+
+    ``artifacts``: the default project-local store's artifact folder; locations in the store that name another
+    project's (a copied or moved project) are pointed at it (``location.adopt_artifact_root``)."""
     if not uri.startswith("sqlite:///"):
         return
     database = Path(uri.removeprefix("sqlite:///"))
@@ -108,6 +112,8 @@ def prepare_store(uri: str) -> None:
     with open(f"{database}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
         MlflowClient(uri).search_experiments(max_results=1)  # the first use creates and migrates the schema
+        if artifacts is not None:
+            adopt_artifact_root(database, artifacts)
 
 
 def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> None:
@@ -127,7 +133,7 @@ def artifact_root(uri: str, project_root: Path) -> str | None:
 
     Without it MLflow would use ``<cwd at creation>/mlruns``; a server (http) decides for itself (proxied artifacts).
     """
-    return (project_root / "mlartifacts").resolve().as_uri() if uri.startswith("sqlite:") else None
+    return (project_root / ARTIFACTS_DIR).resolve().as_uri() if uri.startswith("sqlite:") else None
 
 
 def git_commit(project_root: Path) -> str:
@@ -196,9 +202,12 @@ def open_sweep_run(
     tags: dict[str, str],
     params: dict[str, str],
     project_root: Path,
+    default_store: bool = False,
 ) -> SweepRun:
-    """The sweep's parent run: the one recorded in ``experiment_dir`` (a resumed sweep), else a new one."""
-    prepare_store(uri)
+    """The sweep's parent run: the one recorded in ``experiment_dir`` (a resumed sweep), else a new one.
+    ``default_store``: ``uri`` is the project-local default (``tracking.uri`` unset), whose artifact locations follow
+    the project when it is copied or moved; a store the user named is never rewritten."""
+    prepare_store(uri, project_root / ARTIFACTS_DIR if default_store else None)
     client = MlflowClient(uri)
     experiment_id = ensure_experiment(client, experiment, artifact_root(uri, project_root))
     record = experiment_dir / PARENT_FILE

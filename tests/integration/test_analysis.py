@@ -100,8 +100,8 @@ def build_study(tmp_path: Path, uri: str, experiment: str) -> dict:
     # A run the manifest names that MLflow does not have (e.g. a store restored from an older backup).
     trials.append(TrialRecord("tx", "0" * 32, "sa_generalized_9-seed1", "sa_generalized_9", 1, "finished", EPOCHS,
                               {"test_acc": 0.9}, str(ray_dir / "gone"), None, {}))  # fmt: skip
-    tune = TuneManifest("hash", "tune-hash", str(ray_dir), False, "test_acc", "max", uri, experiment_id, parent, trials)
-    write_tune_manifest(tmp_path / "results/tune/manifest.json", tune)
+    tune = TuneManifest("hash", "tune-hash", str(ray_dir), "test_acc", "max", uri, experiment_id, parent, trials)
+    write_tune_manifest(tmp_path / "results/tune/manifest.json", tune, tmp_path)
 
     source = next(t for t in trials if t.variant == "sa_generalized_9" and t.seed == 0)
     prune_parent = client.create_run(experiment_id, run_name="prune").info.run_id
@@ -119,7 +119,7 @@ def build_study(tmp_path: Path, uri: str, experiment: str) -> dict:
                          [2, 1], [7, 8], 1, 1, {"paper": 1, "full": 1}, {"paper": 1, "full": 1}, 0.6, 0.31, 0.51,
                          str(pruned_dir), str(pruned_dir), decisions)  # fmt: skip
     prune = PruneManifest("prune-hash", str(ray_dir), "tune-hash", uri, experiment_id, prune_parent, {}, [pruned])
-    write_prune_manifest(tmp_path / "results/prune/manifest.json", prune)
+    write_prune_manifest(tmp_path / "results/prune/manifest.json", prune, tmp_path)
     expected["params"]["sa_generalized_9_pruned"] = count_parameters(pruned_model)
     shutil.rmtree(ray_dir)  # reading a manifest's local checkpoint path would now fail
     return expected
@@ -237,8 +237,8 @@ def test_analysis_over_an_mlflow_server(tmp_path: Path, mlflow_server: MlflowSer
     from pipeline.sweep.manifest import read_tune_manifest
 
     expected = build_study(tmp_path, mlflow_server.uri, f"it-analysis-server-{tmp_path.name}")
-    tune = read_tune_manifest(tmp_path / "results/tune/manifest.json")
-    prune = read_prune_manifest(tmp_path / "results/prune/manifest.json")
+    tune = read_tune_manifest(tmp_path / "results/tune/manifest.json", tmp_path)
+    prune = read_prune_manifest(tmp_path / "results/prune/manifest.json", tmp_path)
     study = load_study(tune, prune, tmp_path / "cache")
     frame = study.frame().set_index(["variant", "seed"])
     assert frame.loc[("sa_quadratic_9", 1), "params"] == expected["params"]["sa_quadratic_9"]

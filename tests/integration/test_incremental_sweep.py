@@ -91,7 +91,7 @@ def test_adding_seeds_and_variants_trains_only_the_new_trials(project: Project, 
     metrics = json.loads((project.path / "results/tune/metrics.json").read_text())
     assert metrics["resnet18"]["test_acc_n"] == 2 and metrics["sa_learned_9"]["test_acc_n"] == 2
 
-    shutil.rmtree(third["manifest"]["ray_experiment_path"])  # Ray results gone: the runs are still reused
+    shutil.rmtree(project.path / third["manifest"]["ray_experiment_path"])  # Ray results gone: runs still reused
     again = tune(project, params)
     assert again["trained"] == [] and len(again["reused"]) == 6
     assert again["parent"].data.tags["tune.trials_trained"] == "0"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -97,7 +96,7 @@ def test_a_grown_sweep_prunes_and_fine_tunes_only_its_new_model(pruned: dict, pr
     params["sweep"]["seeds"] = [0, 1]
     original = (project.path / "params.yaml").read_text()
     [source] = pruned["tune"]["trials"]
-    ray_copy = Path(source["checkpoint_dir"])
+    ray_copy = project.path / source["checkpoint_dir"]
     ray_copy.rename(ray_copy.with_name("moved-away"))
     project.write_params(params)
     try:

@@ -87,17 +87,17 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
         assert run.info.run_id in {v.run_id for v in versions}
 
 
-def test_manifest_for_later_stages(swept: dict) -> None:
+def test_manifest_for_later_stages(swept: dict, project: Project) -> None:
     manifest = swept["manifest"]
     assert manifest["tracking_uri"].startswith("http://127.0.0.1:")
     assert {t["variant"] for t in manifest["trials"]} == {"sa_quadratic_9", "resnet18"}
     for trial in manifest["trials"]:
         assert trial["run_id"] and trial["seed"] == 0 and trial["status"] == "finished"
         assert trial["epochs_completed"] == 2 and 0.0 <= trial["metrics"]["test_acc"] <= 1.0
-        checkpoint = Path(trial["checkpoint_dir"])
-        assert checkpoint.is_absolute() and (checkpoint / "checkpoint.pt").is_file()
+        checkpoint = Path(trial["checkpoint_dir"])  # inside the project: relative to it
+        assert not checkpoint.is_absolute() and (project.path / checkpoint / "checkpoint.pt").is_file()
         if trial["variant"] == "sa_quadratic_9":
-            history = json.loads(Path(trial["head_history"]).read_text())
+            history = json.loads((project.path / trial["head_history"]).read_text())
             assert [h["epoch"] for h in history] == [0, 1, 2]
     assert "sa_quadratic_9" in swept["metrics_shown"] and "test_acc" in swept["metrics_shown"]
 

@@ -29,7 +29,7 @@ def _trial(variant: str, seed: int, status: str = "finished", checkpoint: Path |
 
 
 def _manifest(trials: list[TrialRecord], name: str = "tune-abc") -> TuneManifest:
-    return TuneManifest("abc", name, "/ray/tune-abc", False, "test_acc", "max", "sqlite:///x.db", "1", "p", trials)
+    return TuneManifest("abc", name, "/ray/tune-abc", "test_acc", "max", "sqlite:///x.db", "1", "p", trials)
 
 
 def test_default_prunes_every_generalized_variant_of_the_sweep() -> None:
