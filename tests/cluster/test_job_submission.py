@@ -24,6 +24,8 @@ def test_the_sweep_submitted_as_a_job(cluster: TwoNodeCluster, cluster_project: 
     params = tiny_cluster_params(uri=mlflow_server.uri)
     params["tracking"]["experiment"] = "it-cluster-job"
     params["sweep"]["storage_path"] = str(tmp_path / "shared-ray")  # both nodes see it: one machine
+    params["train"]["epochs"] = 2  # a trial outlasts a worker process starting on the other node (else Tune reuses
+    # the finished trial's actor on the head for the second trial)
     cluster_project.write_params(params)
     local = load_params(cluster_project.path / "params.yaml")  # what a run of these params here computes
     expected_name = experiment_name(local, prepared_data_hash(local, cluster_project.path))
