@@ -13,8 +13,9 @@ commit is ``unknown``. Here, on the workstation:
 3. The job runs ``python -m stages.tune --as-job ID --git-commit SHA``: the sweep, unchanged, attached to the cluster
    it runs on; its parent run records the workstation's commit and the submission id, and the job logs the manifest
    and metrics as artifacts of that run (``publish_outputs``), so the tracking server carries them back.
-4. ``follow_job`` streams the job's log until it ends (Ctrl-C stops the job: SIGTERM, which the stage treats as
-   Ctrl-C, so Tune saves its state); ``fetch_outputs`` writes the manifest and metrics into ``results/tune``.
+4. ``follow_job`` streams the job's log until it ends (Ctrl-C stops the job with SIGINT, the stage's own Ctrl-C,
+   so Tune saves its state and the runs are closed); ``fetch_outputs`` writes the manifest and metrics into
+   ``results/tune``.
 
 The sweep's identity is the same as when run locally: it depends on the params and the data's content, never on
 where the data, the tracking server or the Ray results live.
@@ -50,6 +51,9 @@ OUTPUTS_DIR = "dvc_outs"  # artifact folder of the parent run holding the stage'
 SUBMISSION_TAG = "ray.job_submission_id"
 MAX_PACKAGE_BYTES = 500 * 1024**2  # Ray refuses a working_dir over its 512 MiB gRPC limit, late and obscurely
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+# `ray job stop` sends SIGTERM and SIGKILLs 3 s later by default: too soon for Tune to save its state and the stage to
+# close its MLflow runs. The job's supervisor reads these from the job's env_vars: SIGINT (the stage's Ctrl-C), 2 min.
+STOP_LIKE_CTRL_C = {"RAY_JOB_STOP_SIGNAL": "SIGINT", "RAY_JOB_STOP_WAIT_TIME_S": "120"}
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,8 @@ def submit(client: object, package: Path, job: SubmittedJob, params_file: Path, 
     entrypoint = (f"python -m stages.tune --params {params_file.as_posix()} --as-job {job.submission_id} "
                   f"--git-commit {job.git_commit}{' -v' if verbose else ''}")  # fmt: skip
     return client.submit_job(  # type: ignore[attr-defined]
-        entrypoint=entrypoint, submission_id=job.submission_id, runtime_env={"working_dir": str(package)},
+        entrypoint=entrypoint, submission_id=job.submission_id,
+        runtime_env={"working_dir": str(package), "env_vars": STOP_LIKE_CTRL_C},
         metadata={"git_commit": job.git_commit, "stage": "tune"},
     )  # fmt: skip
 
