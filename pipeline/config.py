@@ -169,6 +169,16 @@ class SweepConfig(_Section):
             raise ValueError(f"listed more than once: {repeated} (each would run as an identical trial)")
         return values
 
+    @field_validator("storage_path")
+    @classmethod
+    def _a_file_system_path(cls, path: str) -> str:
+        """The driver reads and writes the sweep's own files (parent run record, plan) and trial checkpoints there as
+        local files: a bucket URI would silently become a folder named ``s3:`` in the project."""
+        if "://" in path:
+            raise ValueError(f"{path!r}: URIs are not supported yet; mount the bucket (s3fs, gcsfuse) or use a shared "
+                             "file system and give its path")  # fmt: skip
+        return path
+
 
 class PruneConfig(_Section):
     """Pruning degenerate heads of trained Gaussian-attention models, then fine-tuning them (App. A.1).

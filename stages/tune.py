@@ -14,6 +14,8 @@ finished run is reused, an unfinished one continues from its checkpoint, only th
 Ray: attaches to sweep.ray_address or $RAY_ADDRESS when set (token from $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or
 ~/.ray/auth_token; this checkout shipped as the job's working_dir), else starts a local Ray. --dry-run starts
 nothing and prints per trial "reuse run X", "resume run X from epoch k" or "train".
+--submit: the same sweep as a Ray job on the cluster (code and prepared data uploaded, the job's log followed here);
+its manifest and metrics come back through the tracking server into results/tune, with this checkout's git commit.
 Checked first (also by --dry-run): a local machine can hold one trial's sweep.resources, sweep.storage_path can be
 written, an http(s) tracking.uri answers; on a cluster, that it answers with this token within seconds and, with
 several nodes, that every node shares sweep.storage_path and imports the driver's trial code, and tracking.uri is
@@ -32,11 +34,12 @@ from pipeline.io import write_json_atomic
 from pipeline.sweep.location import store_root
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import ERROR, write_tune_manifest
-from pipeline.sweep.session import prepare_driver_env
+from pipeline.sweep.session import prepare_driver_env, send_token_if_available
 from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.tune")
 OUT_DIR = Path("results/tune")  # relative to the working directory, like every path in params.yaml
+OUTPUTS = ("manifest.json", "metrics.json")  # the stage's DVC outputs in OUT_DIR
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
@@ -45,6 +48,8 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         hold_stage_lock(root / "results/.tune.lock", "tune")
     if args.retrain:
         params = params.model_copy(update={"sweep": params.sweep.model_copy(update={"retrain": True})})
+    if args.submit is not None:
+        return submitted(args, params)
     prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
     # These import Ray and MLflow: after params are valid, so --help and bad params stay fast.
     from pipeline.sweep.plan import format_plan, preflight
@@ -55,14 +60,18 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         preflight(params, root)  # after the plan, so a problem is the last thing on screen
         return 0
     from pipeline.data.prepared import load_prepared
+    from pipeline.sweep.submit import SubmittedJob, publish_outputs
 
+    job = SubmittedJob(args.as_job, args.git_commit or "unknown") if args.as_job else None
     data = load_prepared(Path(params.data.prepared_dir))  # a DVC dep: in the workspace (dvc runs stages from its root)
-    outcome = run_sweep(params, data, root)
+    outcome = run_sweep(params, data, root, submitted=job)
     if outcome.interrupted:
         return 130
     manifest = outcome.manifest()
     write_tune_manifest(OUT_DIR / "manifest.json", manifest, root)
     write_json_atomic(OUT_DIR / "metrics.json", manifest.metrics_summary())
+    if job is not None:  # the workstation that submitted this job downloads them from the parent run
+        publish_outputs(outcome.sweep.tracking_uri, outcome.sweep.parent_run_id, [OUT_DIR / n for n in OUTPUTS], job)
     log.info("wrote %s (parent run %s, %s; %d trial(s) trained or resumed, %d reused)", OUT_DIR / "manifest.json",
              outcome.sweep.parent_run_id, "restored" if outcome.restored else "new", outcome.trained,
              len(manifest.trials) - outcome.trained)  # fmt: skip
@@ -76,6 +85,16 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     return 0
 
 
+def submitted(args: argparse.Namespace, params: Params) -> int:
+    """--submit: the sweep as a Ray job on the cluster; its manifest and metrics written here when it ends."""
+    send_token_if_available()  # before Ray is imported
+    from pipeline.sweep.submit import job_address, submit_sweep
+
+    status = submit_sweep(params, Path.cwd(), job_address(args.submit), args.params, OUT_DIR, list(OUTPUTS),
+                          verbose=args.verbose)  # fmt: skip
+    return {"SUCCEEDED": 0, "STOPPED": 130}.get(status, 1)
+
+
 parser = make_parser(__doc__)
 parser.add_argument("--dry-run", action="store_true", help="print the trial grid and where it would run; start nothing")
 parser.add_argument(
@@ -84,6 +103,17 @@ parser.add_argument(
     help="train every trial anew, even where a finished run of it exists (as "
     "sweep.retrain: true; `dvc exp run -S sweep.retrain=true` records it in params)",
 )
+parser.add_argument(
+    "--submit",
+    nargs="?",
+    const="",
+    metavar="URL",
+    help="run the sweep as a Ray job on the cluster whose dashboard (job server) is at URL, default "
+    "$RAY_API_SERVER_ADDRESS; uploads the code and prepared data, follows the job's log and writes its manifest and "
+    "metrics here (needs an http(s) tracking.uri and an absolute, shared sweep.storage_path)",
+)
+parser.add_argument("--as-job", metavar="ID", help=argparse.SUPPRESS)  # set by --submit: the job's submission id
+parser.add_argument("--git-commit", help=argparse.SUPPRESS)  # set by --submit: the workstation's commit
 main = main_for(stage, parser)
 
 if __name__ == "__main__":

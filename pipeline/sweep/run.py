@@ -41,6 +41,7 @@ from pipeline.sweep.plan import METRIC, MODE, preflight, storage_dir, sweep_plan
 from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import KEY_TAG, RESUME, REUSE, TrialPlan, read_plan, write_plan
 from pipeline.sweep.session import ray_session
+from pipeline.sweep.submit import SubmittedJob
 from pipeline.sweep.summary import publish_sweep
 from pipeline.trial.report import HEAD_HISTORY_FILE
 from pipeline.trial.trainable import train_trial
@@ -167,22 +168,25 @@ def trial_config(plan: TrialPlan) -> dict[str, Any]:
             "resume_run": plan.run_id if resume else None}  # fmt: skip
 
 
-def run_sweep(params: Params, data: PreparedData, project_root: Path) -> SweepOutcome:
+def run_sweep(params: Params, data: PreparedData, project_root: Path, *,
+              submitted: SubmittedJob | None = None) -> SweepOutcome:  # fmt: skip
     """Run (or restore and finish) the trials of the sweep that are not reused; the driver opens the MLflow parent
     run and decides what to reuse before any trial starts. ``project_root``: where the stores resolve
-    (``location.store_root``)."""
+    (``location.store_root``). ``submitted``: this driver is a Ray job submitted from a workstation
+    (``pipeline.sweep.submit``), whose commit and submission id the runs record."""
     preflight(params, project_root)
     data_hash = content_hash(data)
     name = experiment_name(params, data_hash)
     path = storage_dir(params, project_root) / name
     restored = tune.Tuner.can_restore(str(path))
     uri = tracking.tracking_uri(params.tracking, project_root)
-    commit = tracking.git_commit(project_root)
+    commit = submitted.git_commit if submitted else tracking.git_commit(project_root)
     base_tags = {"dvc_stage": STAGE, "params_hash": name.removeprefix("tune-"), "git_commit": commit}
+    job_tags = submitted.tags() if submitted else {}
     sweep_params = tracking.flatten({"sweep": params.sweep.model_dump(mode="json"), "epochs": params.train.epochs})
     sweep = tracking.open_sweep_run(
         uri, params.tracking.experiment, path, run_name=name,
-        tags={**base_tags, "ray.experiment_path": str(path), "sweep.role": "parent"}, params=sweep_params,
+        tags={**base_tags, **job_tags, "ray.experiment_path": str(path), "sweep.role": "parent"}, params=sweep_params,
         project_root=project_root, default_store=params.tracking.uri is None,
     )  # fmt: skip
     # A restored sweep continues the plan it was started with (its Tune experiment holds exactly those trials).

@@ -42,6 +42,7 @@ TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
 DEFAULT_TOKEN_FILE = Path("~/.ray/auth_token")  # where Ray itself looks last (its token loader's order)
 TOKEN_HELP = f"give this driver the token: ${TOKEN_ENV}, a file named by ${TOKEN_PATH_ENV}, or {DEFAULT_TOKEN_FILE}"
 ATTACH_TIMEOUT_S = 5.0
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.constants: set for a submitted job's driver
 
 
 def ray_address(sweep: SweepConfig) -> str | None:
@@ -79,9 +80,16 @@ def prepare_driver_env(sweep: SweepConfig) -> None:
     where = gcs_host_port(address) if address else None
     if address is None or (where is not None and where[0] in LOOPBACK_HOSTS):
         keep_local_ray_on_loopback()
-    if address and AUTH_MODE_ENV not in os.environ and auth_token_source() is not None:
+    if address:
+        send_token_if_available()
+
+
+def send_token_if_available() -> None:
+    """Before Ray is imported (it reads the mode once): turn on token mode for this client when a token is
+    available and the user has not chosen a mode (an explicit ``RAY_AUTH_MODE`` is theirs)."""
+    if AUTH_MODE_ENV not in os.environ and auth_token_source() is not None:
         if "ray" in sys.modules:
-            log.warning("Ray was imported before prepare_driver_env(); it may not send its auth token")
+            log.warning("Ray was imported before its auth mode was set; it may not send its auth token")
         os.environ[AUTH_MODE_ENV] = "token"
 
 
@@ -129,10 +137,17 @@ def check_attachable(address: str, timeout_s: float = ATTACH_TIMEOUT_S) -> int:
     return sum(1 for info in nodes.values() if info.state == GcsNodeInfo.ALIVE)
 
 
-def code_runtime_env(project_root: Path) -> dict[str, Any]:
+def code_runtime_env(project_root: Path) -> dict[str, Any] | None:
     """The job's runtime environment on a cluster: this checkout as every worker's ``working_dir`` (Ray uploads it,
-    leaving out what ``.gitignore`` and ``.rayignore`` list; the dataset goes through the object store instead)."""
-    return {"working_dir": str(project_root)}
+    leaving out what ``.gitignore`` and ``.rayignore`` list; the dataset goes through the object store instead).
+    None in a submitted job: its own ``working_dir`` already reaches every task, and Ray refuses a second one."""
+    return None if in_submitted_job() else {"working_dir": str(project_root)}
+
+
+def in_submitted_job() -> bool:
+    """Whether this process is a Ray job's driver (Ray's job supervisor hands it the job's runtime environment in this
+    variable): its tasks get the job's ``working_dir`` already, and a new one would replace it."""
+    return JOB_CONFIG_ENV in os.environ
 
 
 def local_capacity() -> tuple[int, int]:
@@ -177,7 +192,10 @@ def ray_session(sweep: SweepConfig) -> Iterator[str]:
     if address:
         from pipeline.sweep.identity import PROJECT_ROOT
 
-        log.info("ray: attaching to the cluster at %s, shipping the code in %s", address, PROJECT_ROOT)
+        if in_submitted_job():
+            log.info("ray: a job on the cluster at %s; its working_dir (the submitted package) is the code", address)
+        else:
+            log.info("ray: attaching to the cluster at %s, shipping the code in %s", address, PROJECT_ROOT)
         ray.init(address=address, runtime_env=code_runtime_env(PROJECT_ROOT))
     else:
         log.info("ray: starting a local Ray on this machine (127.0.0.1; token auth as configured)")

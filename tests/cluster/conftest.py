@@ -40,6 +40,7 @@ class RayNode:
     process: subprocess.Popen
     node_id: str
     log: Path
+    dashboard: str  # the head's Jobs API (http://127.0.0.1:PORT)
 
     def stop(self) -> None:
         """SIGTERM to this node's own process group (the node process stops its Ray processes), then SIGKILL."""
@@ -64,12 +65,18 @@ class TwoNodeCluster:
 
     def start_node(self, role: str, where: str, prefix: Sequence[str] = ()) -> RayNode:
         log = self.temp_dir / f"node-{len(list(self.temp_dir.glob('node-*.log')))}.log"
-        ports = [str(free_port()) for _ in range(3)]  # agent, metrics, dashboard (the head starts one even without UI)
+        ports = [str(free_port()) for _ in range(3)]  # agent, metrics, dashboard (the head serves the Jobs API there)
         command = [*prefix, sys.executable, str(NODE_SCRIPT), role, where, *ports]
+        # Each node its own Ray temp dir, as on separate machines: nodes sharing one would share its session folder,
+        # and a worker node's clean-up of a job's unpacked working_dir would delete the head's copy too.
+        node_dir = self.temp_dir / f"n{len(list(self.temp_dir.glob('node-*.log')))}" if role == "worker" else None
+        env = {**self.node_env, "RAY_TMPDIR": str(node_dir)} if node_dir else self.node_env
+        if node_dir:
+            node_dir.mkdir()
         with log.open("w") as err:
-            process = subprocess.Popen(command, env=self.node_env, stdout=subprocess.PIPE, stderr=err, text=True,
+            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
                                        start_new_session=True)  # fmt: skip
-        node = RayNode(process, "", log)
+        node = RayNode(process, "", log, f"http://127.0.0.1:{ports[2]}")
         ready, _, _ = select.select([process.stdout], [], [], NODE_START_S)
         line = process.stdout.readline() if ready else ""
         if not line.startswith("READY"):
@@ -101,7 +108,9 @@ def cluster() -> Iterator[TwoNodeCluster]:
     token_file.write_text(os.urandom(24).hex())
     node_env = {**os.environ, "RAY_TMPDIR": str(temp_dir), "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+                "RAY_USAGE_STATS_ENABLED": "0",
+                # A cluster's nodes have the project's dependencies: a submitted job's `python` is this venv's
+                "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
         node_env.pop(key, None)
     port = free_port()

@@ -38,6 +38,7 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
         ({"train": {"schedule": "linear"}}, "train.schedule", "'step' or 'epoch'"),
         ({"sweep": {"variants": ["nope"]}}, "sweep.variants", "unknown variant 'nope'"),
         ({"sweep": {"seeds": []}}, "sweep.seeds", "at least one seed"),
+        ({"sweep": {"storage_path": "s3://bucket/ray"}}, "sweep.storage_path", "URIs are not supported yet"),
         ({"data": {"dataset": "cifar10"}}, "data.cifar10_path", "required"),
         ({"tracking": {"uri": "./mlruns"}}, "tracking.uri", "file stores"),
         ({"train": {"device": "cuda"}}, "train.device", "sweep.resources.gpu > 0"),

@@ -1,0 +1,122 @@
+"""The tune stage submitted as a Ray job (``--submit``) to the real two-node cluster, from a "workstation" that is no
+Ray node: the code and prepared data go up, the trials spread over both nodes, the manifest and metrics come back."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipeline.config import load_params
+from pipeline.sweep.identity import experiment_name, prepared_data_hash
+from pipeline.sweep.tracking import git_commit
+from tests.cluster.conftest import ClusterProject, TwoNodeCluster, tiny_cluster_params
+from tests.integration.conftest import MlflowServer, mlflow_server  # noqa: F401 (the fixture, for this folder too)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def test_the_sweep_submitted_as_a_job(cluster: TwoNodeCluster, cluster_project: ClusterProject,
+                                      mlflow_server: MlflowServer, tmp_path: Path) -> None:  # noqa: F811  # fmt: skip
+    params = tiny_cluster_params(uri=mlflow_server.uri)
+    params["tracking"]["experiment"] = "it-cluster-job"
+    params["sweep"]["storage_path"] = str(tmp_path / "shared-ray")  # both nodes see it: one machine
+    # Trials outlast a worker process starting on the other node on a busy machine (else Tune reuses the finished
+    # trial's actor on the head for the second trial, and both run there).
+    params["train"]["epochs"] = 3
+    cluster_project.write_params(params)
+    local = load_params(cluster_project.path / "params.yaml")  # what a run of these params here computes
+    expected_name = experiment_name(local, prepared_data_hash(local, cluster_project.path))
+    outputs = cluster_project.path / "results/tune"
+    for name in ("manifest.json", "metrics.json"):
+        (outputs / name).unlink(missing_ok=True)
+    # The workstation: no Ray address, only the job server's and the token file.
+    env = cluster.driver_env(RAY_ADDRESS=None, RAY_API_SERVER_ADDRESS=cluster.head.dashboard)
+    try:
+        started = time.monotonic()
+        done = cluster_project.stage(env, "stages.tune", "--submit", "-v", timeout=500)
+        seconds = time.monotonic() - started
+    finally:
+        cluster_project.write_params(tiny_cluster_params())
+    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    print(f"submitted two-node sweep (2 trials x 3 epochs) took {seconds:.1f} s")
+    assert "submitted job tune-" in done.stderr and "its working_dir (the submitted package)" in done.stdout
+
+    manifest = json.loads((outputs / "manifest.json").read_text())
+    assert json.loads((outputs / "metrics.json").read_text())  # both DVC outputs are back in the repository
+    assert {t["status"] for t in manifest["trials"]} == {"finished"} and len(manifest["trials"]) == 2
+    # The sweep's identity is the one a local run of these params computes: not where data or tracking live.
+    assert manifest["experiment_name"] == expected_name
+
+    client = MlflowClient(mlflow_server.uri)
+    parent = client.get_run(manifest["parent_run_id"])
+    expected_commit = git_commit(cluster_project.path)  # the workstation's; the head has no .git ("unknown")
+    assert parent.data.tags["git_commit"] == expected_commit != "unknown"
+    assert parent.data.tags["mlflow.source.git.commit"] == expected_commit
+    children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert {run.info.run_id for run in children} == {t["run_id"] for t in manifest["trials"]}
+    assert {run.data.tags["git_commit"] for run in children} == {expected_commit}
+    assert {run.data.tags["ray.node_id"] for run in children} == {cluster.head.node_id, cluster.worker.node_id}
+
+
+def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(cluster: TwoNodeCluster, cluster_project: ClusterProject,
+                                                        mlflow_server: MlflowServer, tmp_path: Path) -> None:  # noqa: F811  # fmt: skip
+    """Ctrl-C on the workstation stops the job as Ctrl-C stops a local run (its runs closed, nothing RUNNING); the
+    next submission resumes the same runs from their checkpoints, each epoch logged once."""
+    params = tiny_cluster_params(uri=mlflow_server.uri)
+    params["tracking"]["experiment"] = "it-cluster-job-stop"
+    params["sweep"]["storage_path"] = str(tmp_path / "shared-ray")
+    params["train"]["epochs"] = 3
+    cluster_project.write_params(params)
+    env = cluster.driver_env(RAY_ADDRESS=None, RAY_API_SERVER_ADDRESS=cluster.head.dashboard)
+    client = MlflowClient(mlflow_server.uri)
+    log = (tmp_path / "first.log").open("w+")
+    first = subprocess.Popen([sys.executable, "-m", "stages.tune", "--submit"], cwd=cluster_project.path, env=env,
+                             stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not _epochs_by_run(client, "it-cluster-job-stop"):  # a trial has logged an epoch: stop the job
+            assert first.poll() is None and time.monotonic() < deadline, _tail(log)
+            time.sleep(0.5)
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=200)
+        output = _tail(log)
+        assert first.returncode == 130 and "ended STOPPED" in output, output
+        stopped = _epochs_by_run(client, "it-cluster-job-stop")
+        experiment = client.get_experiment_by_name("it-cluster-job-stop").experiment_id
+        assert "RUNNING" not in {run.info.status for run in client.search_runs([experiment])}  # closed by the stop
+        second = cluster_project.stage(env, "stages.tune", "--submit", timeout=500)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        cluster_project.write_params(tiny_cluster_params())
+    assert second.returncode == 0, f"{second.stdout[-3000:]}\n{second.stderr[-5000:]}"
+    manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
+    assert {t["status"] for t in manifest["trials"]} == {"finished"}
+    resumed = _epochs_by_run(client, "it-cluster-job-stop")
+    assert set(resumed) == {t["run_id"] for t in manifest["trials"]} >= set(stopped)  # the same runs, continued
+    assert all(steps == [1, 2, 3] for steps in resumed.values()), resumed  # none lost, none twice
+    print(f"stopped with epochs {stopped}; after the resubmission {resumed}")
+
+
+def _epochs_by_run(client: MlflowClient, experiment: str) -> dict[str, list[int]]:
+    """Per trial run of the experiment (not RUNNING once the job stopped), the epochs it logged."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return {}
+    runs = [run for run in client.search_runs([found.experiment_id]) if "mlflow.parentRunId" in run.data.tags]
+    steps = {run.info.run_id: sorted(m.step for m in client.get_metric_history(run.info.run_id, "test_acc"))
+             for run in runs}  # fmt: skip
+    return {run_id: epochs for run_id, epochs in steps.items() if epochs}
+
+
+def _tail(log: IO[str]) -> str:
+    log.seek(0)
+    return log.read()[-6000:]
