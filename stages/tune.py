@@ -20,6 +20,10 @@ Checked first (also by --dry-run): a local machine can hold one trial's sweep.re
 written, an http(s) tracking.uri answers; on a cluster, that it answers with this token within seconds and, with
 several nodes, that every node shares sweep.storage_path and imports the driver's trial code, and tracking.uri is
 not an sqlite file (unless tracking.sqlite_on_cluster).
+An http tracking server that stops answering mid-run does not stop the training: MLflow writes are buffered in
+<Ray experiment>/mlflow_buffer.jsonl and flushed when it answers again (this run waits up to a minute for it at the
+end). Still down at the end: the manifest is written, one line says what is buffered where, exit code 75; the next
+run flushes the buffer before it plans anything.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.config import Params
 from pipeline.io import write_json_atomic
@@ -37,9 +42,13 @@ from pipeline.sweep.manifest import ERROR, write_tune_manifest
 from pipeline.sweep.session import prepare_driver_env, send_token_if_available
 from stages._cli import main_for, make_parser
 
+if TYPE_CHECKING:
+    from pipeline.sweep.run import SweepOutcome
+
 log = logging.getLogger("stages.tune")
 OUT_DIR = Path("results/tune")  # relative to the working directory, like every path in params.yaml
 OUTPUTS = ("manifest.json", "metrics.json")  # the stage's DVC outputs in OUT_DIR
+EXIT_TRACKING_BUFFERED = 75  # sysexits' EX_TEMPFAIL: the work is done, its MLflow writes wait for the server
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
@@ -66,11 +75,12 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     data = load_prepared(Path(params.data.prepared_dir))  # a DVC dep: in the workspace (dvc runs stages from its root)
     outcome = run_sweep(params, data, root, submitted=job)
     if outcome.interrupted:
+        _say_buffered(outcome)
         return 130
     manifest = outcome.manifest()
     write_tune_manifest(OUT_DIR / "manifest.json", manifest, root)
     write_json_atomic(OUT_DIR / "metrics.json", manifest.metrics_summary())
-    if job is not None:  # the workstation that submitted this job downloads them from the parent run
+    if job is not None and not outcome.buffered:  # the workstation downloads them from the parent run (server up)
         publish_outputs(outcome.sweep.tracking_uri, outcome.sweep.parent_run_id, [OUT_DIR / n for n in OUTPUTS], job)
     log.info("wrote %s (parent run %s, %s; %d trial(s) trained or resumed, %d reused)", OUT_DIR / "manifest.json",
              outcome.sweep.parent_run_id, "restored" if outcome.restored else "new", outcome.trained,
@@ -81,8 +91,17 @@ def stage(args: argparse.Namespace, params: Params) -> int:
             log.error("%s seed %d failed, not retried: %s", trial.variant, trial.seed, trial.failure_reason)
         if any(not t.failure_reason for t in failed):
             log.error("some trials failed after their retries; re-run to resume them from their checkpoints")
-        return 1
-    return 0
+    if _say_buffered(outcome):
+        return EXIT_TRACKING_BUFFERED
+    return 1 if outcome.failed else 0
+
+
+def _say_buffered(outcome: SweepOutcome) -> bool:
+    """One line when MLflow writes are still buffered (the server did not come back): which server, how many, where."""
+    if outcome.buffered:
+        log.error("the MLflow server at %s does not answer: %d write(s) are buffered in %s; the next run of this stage "
+                  "flushes them first", outcome.sweep.tracking_uri, outcome.buffered, outcome.buffer_file)  # fmt: skip
+    return bool(outcome.buffered)
 
 
 def submitted(args: argparse.Namespace, params: Params) -> int:

@@ -159,7 +159,7 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
     write_plan(path, decided)
     run_info = functools.partial(finetune_run_info, params_json=tuned.model_dump(mode="json"),
                                  data_hash=content_hash(data), plans=summaries)  # fmt: skip
-    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, tuned.train.epochs)
+    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, tuned.train.epochs, buffer_dir=path)
     records = fit_tracked(tuned, data, path, sweep, callback, restore=restore, trials=trials) if trials else []
     by_key = {f"{r.variant}-seed{r.seed}": r for r in records}
     models = [
@@ -177,15 +177,15 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
         manifest, any(m.status == INTERRUPTED for m in models), any(m.status == ERROR for m in models)
     )
     if outcome.interrupted:
-        closed = tracking.close_interrupted(sweep, callback.runs.values())
+        closed = tracking.close_interrupted(callback)
         log.warning("fine-tuning interrupted: %d run(s) marked KILLED; re-run to restore it from %s", closed, path)
     else:
         listed = [{**by_plan[f"{m.variant}-seed{m.seed}"].to_dict(), "run_id": m.run_id} for m in models]
-        tracking.record_sweep_trials(sweep, listed)
+        tracking.record_sweep_trials(sweep, listed, callback.buffer)
         register_best_models(uri, experiment, records, suffix="_pruned")
         tracking.finish_sweep(sweep, "FAILED" if outcome.failed else "FINISHED",
                               {"prune.models": str(len(models)),
-                               "prune.models_reused": str(sum(m.reused for m in models))})  # fmt: skip
+                               "prune.models_reused": str(sum(m.reused for m in models))}, callback.buffer)  # fmt: skip
     return outcome
 
 

@@ -22,11 +22,13 @@ import torch
 from mlflow.data.dataset_source_registry import get_dataset_source_from_json
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.models import infer_signature
+from mlflow.tracking import MlflowClient
 
 from pipeline.config import DataConfig
 from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
 
 MODEL_NAME = "model"
+CHECKPOINT_TAG = "tune.checkpoint"  # on the trial's run: the checkpoint folder uploaded as its artifact
 MODEL_URI_TAG = "model_uri"  # on the trial's run: ``models:/<model id>`` of its final model (the registry's source)
 EXAMPLE_BATCH = 2  # images in the input example (normalised); not 1, so the signature keeps the batch size free
 
@@ -91,6 +93,16 @@ def log_trial_model(tracking_uri: str, run_id: str, checkpoint_dir: Path, datase
     finally:
         pytorch_log.setLevel(level)
     return info.model_uri
+
+
+def log_checkpoint(client: MlflowClient, tracking_uri: str, run_id: str, checkpoint_dir: Path,
+                   dataset: PreparedDataset | None) -> None:  # fmt: skip
+    """A trial's checkpoint folder (``checkpoint.pt``, ``head_history.json``) as artifact ``checkpoint/`` of run
+    ``run_id``, and its final model: tags ``tune.checkpoint`` (the folder) and ``model_uri``."""
+    client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
+    client.set_tag(run_id, CHECKPOINT_TAG, str(checkpoint_dir))
+    model_uri = log_trial_model(tracking_uri, run_id, checkpoint_dir, dataset)
+    client.set_tag(run_id, MODEL_URI_TAG, model_uri)
 
 
 def log_dataset(dataset: PreparedDataset) -> None:

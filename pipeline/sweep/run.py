@@ -13,7 +13,9 @@ Why it is built this way:
 - Every epoch reports with a checkpoint; a failed trial is retried from it (``FailureConfig``) and an interrupted
   sweep is restored (``Tuner.restore``) because the experiment name is a hash of the params and ``storage_path`` is
   absolute. Trials never use their working directory: Ray moves them into scratch directories.
-- MLflow is written by the driver only (``pipeline.sweep.tracking``).
+- MLflow is written by the driver only (``pipeline.sweep.tracking``), through a buffer that keeps the writes on disk
+  while the tracking server is down (``pipeline.sweep.tracking_buffer``): the sweep trains on, the writes are replayed
+  when the server answers, and whatever earlier runs left buffered is replayed before this one plans anything.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
@@ -36,13 +38,14 @@ from pipeline.data.prepared import PreparedData, content_hash
 from pipeline.sweep import tracking
 from pipeline.sweep.identity import code_hash, experiment_name, trial_key
 from pipeline.sweep.logged_model import PreparedDataset
-from pipeline.sweep.manifest import ERROR, FINISHED, INTERRUPTED, STAGE, TrialRecord, TuneManifest
+from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED, STAGE, TrialRecord, TuneManifest
 from pipeline.sweep.plan import METRIC, MODE, preflight, storage_dir, sweep_plans
 from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import KEY_TAG, RESUME, REUSE, TrialPlan, read_plan, write_plan
 from pipeline.sweep.session import ray_session
 from pipeline.sweep.submit import SubmittedJob
 from pipeline.sweep.summary import publish_sweep
+from pipeline.sweep.tracking_buffer import FINAL_WAIT_S, flush_buffers, is_outage
 from pipeline.trial.report import HEAD_HISTORY_FILE
 from pipeline.trial.trainable import train_trial
 
@@ -76,6 +79,8 @@ class SweepOutcome:
     mlflow_calls: dict[str, int] = field(default_factory=dict)  # client requests by method, this run
     epochs_logged: int = 0
     plans: list[TrialPlan] = field(default_factory=list)  # per trial: reused, resumed or trained
+    buffered: int = 0  # MLflow writes still waiting in buffer_file: the server did not answer by the end
+    buffer_file: str | None = None
 
     @property
     def trained(self) -> int:
@@ -175,6 +180,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path, *,
     (``location.store_root``). ``submitted``: this driver is a Ray job submitted from a workstation
     (``pipeline.sweep.submit``), whose commit and submission id the runs record."""
     preflight(params, project_root)
+    flush_buffers(storage_dir(params, project_root))  # reuse and restore read the runs: bring them up to date first
     data_hash = content_hash(data)
     name = experiment_name(params, data_hash)
     path = storage_dir(params, project_root) / name
@@ -198,20 +204,25 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path, *,
     log.info("sweep %s: %s", name, ", ".join(f"{p.variant} seed {p.seed}: {p.describe()}" for p in plans))
     run_info = functools.partial(trial_run_info, params_json=params.model_dump(mode="json"), data_hash=data_hash)
     dataset = PreparedDataset.of(params.data, data_hash, project_root)
-    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs, dataset)
+    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs, dataset, buffer_dir=path)
+    reused = reused_records(sweep, plans)  # read now, while the server is known to answer
     records = fit_tracked(params, data, path, sweep, callback, restore=restored, trials=to_train) if to_train else []
-    records = sorted(records + reused_records(sweep, plans), key=lambda r: (r.variant, r.seed))
+    records = sorted(records + reused, key=lambda r: (r.variant, r.seed))
     outcome = SweepOutcome(name, str(path), restored, sweep, records, dict(callback.calls), callback.epochs_logged,
                            plans)  # fmt: skip
+    buffer = callback.buffer
     if outcome.interrupted:
-        closed = tracking.close_interrupted(sweep, callback.runs.values())
+        closed = tracking.close_interrupted(callback)
         log.warning("sweep interrupted: %d trial run(s) marked KILLED; re-run to restore it from %s", closed, path)
     else:
-        tracking.record_sweep_trials(sweep, [{**plan.to_dict(), "run_id": _run_of(plan, records)} for plan in plans])
-        publish_sweep(params, data_hash, outcome)
+        tracking.record_sweep_trials(sweep, [{**plan.to_dict(), "run_id": _run_of(plan, records)} for plan in plans],
+                                     buffer)  # fmt: skip
+        if buffer.flush(force=True):  # the summary reads the runs; with the server down, the next run publishes it
+            publish_sweep(params, data_hash, outcome)
         tracking.finish_sweep(sweep, "FAILED" if outcome.failed else "FINISHED",
                               {"tune.trials": str(len(outcome.trials)), "tune.trials_trained": str(outcome.trained),
-                               "tune.trials_reused": str(len(plans) - outcome.trained)})  # fmt: skip
+                               "tune.trials_reused": str(len(plans) - outcome.trained)}, buffer)  # fmt: skip
+    outcome.buffered, outcome.buffer_file = buffer.pending, str(buffer.path)
     return outcome
 
 
@@ -229,8 +240,8 @@ def reused_records(sweep: tracking.SweepRun, plans: list[TrialPlan]) -> list[Tri
     for plan in reused:
         run = client.get_run(str(plan.run_id))
         metrics = {**run.data.metrics, "epoch": plan.epoch}  # the latest value of each; the epoch is their step
-        record = _record(run.data.tags.get("ray.trial_id", ""), run, plan.variant, plan.seed, FINISHED, metrics,
-                         plan.checkpoint_dir)  # fmt: skip
+        record = _record(run.data.tags.get("ray.trial_id", ""), (run.info.run_id, run.info.run_name, run.data.tags),
+                         plan.variant, plan.seed, FINISHED, metrics, plan.checkpoint_dir)  # fmt: skip
         record.reused = True
         uploaded = [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, "checkpoint")]
         if HEAD_HISTORY_FILE in uploaded:  # listed even when the Ray copy of the checkpoint is gone
@@ -249,52 +260,76 @@ def fit_tracked(
     restore: bool,
     trials: list[dict[str, Any]],
 ) -> list[TrialRecord]:
-    """Run the Tuner in a Ray session and read back one record per trial; whatever stops it, no run stays RUNNING."""
+    """Run the Tuner in a Ray session and read back one record per trial; whatever stops it, no run stays RUNNING.
+    MLflow writes buffered during an outage are flushed at the end, waiting up to ``FINAL_WAIT_S`` for the server."""
     try:
         with ray_session(params.sweep):
             results = build_tuner(params, data, path, callback, restore=restore, trials=trials).fit()
-        return trial_records(results, sweep, callback.runs)
+        callback.buffer.wait_flushed(FINAL_WAIT_S)
+        return trial_records(results, sweep, callback)
     except BaseException:  # a lost cluster, a second Ctrl-C, an MLflow error: never leave runs RUNNING
-        tracking.close_interrupted(sweep, callback.runs.values())
+        tracking.close_interrupted(callback)
         raise
 
 
-def trial_records(results: tune.ResultGrid, sweep: tracking.SweepRun, run_ids: dict[str, str]) -> list[TrialRecord]:
-    """One record per trial of ``results``, with its MLflow run: the callback's ``run_ids`` (trial id -> run id, which
-    includes runs continued from an earlier sweep), else the sweep's child run tagged with its trial id or its
-    variant and seed (a trial that failed before its first report)."""
-    runs = tracking.child_runs(sweep)
-    client = MlflowClient(sweep.tracking_uri)
-    runs |= {trial_id: client.get_run(run_id) for trial_id, run_id in run_ids.items() if trial_id not in runs}
-    by_variant_seed = {(run.data.tags.get("variant"), run.data.tags.get("seed")): run for run in runs.values()}
+def trial_records(
+    results: tune.ResultGrid, sweep: tracking.SweepRun, callback: tracking.MlflowTrialCallback
+) -> list[TrialRecord]:
+    """One record per trial of ``results``, with its MLflow run: the callback's (trial id -> run id, which includes
+    runs continued from an earlier sweep), else the sweep's child run tagged with its trial id or its variant and seed
+    (a trial that failed before its first report). While the store cannot be read (the server down, writes still
+    buffered), what the callback wrote stands for the run: its id, name, tags and how the trial ended."""
+    run_ids = callback.run_ids()
+    runs = _stored_runs(sweep, run_ids) if callback.buffer.flush(force=True) else None
+    by_variant_seed = {(run.data.tags.get("variant"), run.data.tags.get("seed")): run for run in (runs or {}).values()}
     records = []
     for result in results:
         trial_id = result.metrics.get("trial_id") or Path(result.path).name
         if result.config is None:  # still PENDING when the sweep stopped (Ctrl-C): never started, has no run
             records.append(TrialRecord(trial_id, None, None, "", -1, INTERRUPTED, 0, {}, None, None))
             continue
-        # A trial that failed before its first report has no trial_id in its metrics; its run is still tagged.
-        run = runs.get(trial_id) or by_variant_seed.get((result.config["variant"], str(result.config["seed"])))
-        status = ERROR if result.error is not None else tracking.trial_outcome(run)
+        if runs is None:
+            name, tags = callback.written(trial_id) or (None, {})
+            run = (run_ids[trial_id], name, tags) if trial_id in run_ids else None
+            label = tags.get("tune.status")
+            outcome = label if label in (FINISHED, EARLY_STOPPED, ERROR) else INTERRUPTED
+        else:
+            # A trial that failed before its first report has no trial_id in its metrics; its run is still tagged.
+            found = runs.get(trial_id) or by_variant_seed.get((result.config["variant"], str(result.config["seed"])))
+            run = (found.info.run_id, found.info.run_name, found.data.tags) if found is not None else None
+            outcome = tracking.trial_outcome(found)
+        status = ERROR if result.error is not None else outcome
         checkpoint = result.checkpoint.path if result.checkpoint is not None else None
         records.append(_record(trial_id, run, result.config["variant"], int(result.config["seed"]), status,
                                result.metrics, checkpoint))  # fmt: skip
     return records
 
 
-def _record(trial_id: str, run: Run | None, variant: str, seed: int, status: str, metrics: dict[str, Any],
-            checkpoint: str | None) -> TrialRecord:  # fmt: skip
-    """A manifest record from a trial's last metrics and checkpoint and its MLflow run."""
+def _stored_runs(sweep: tracking.SweepRun, run_ids: dict[str, str]) -> dict[str, Any] | None:
+    """The sweep's child runs and the runs the callback continued, by trial id; None when the server is down."""
+    try:
+        runs = tracking.child_runs(sweep)
+        client = MlflowClient(sweep.tracking_uri)
+        return runs | {trial_id: client.get_run(run_id) for trial_id, run_id in run_ids.items() if trial_id not in runs}
+    except MlflowException as err:
+        if not is_outage(err):
+            raise
+        return None
+
+
+def _record(trial_id: str, run: tuple[str, str | None, dict[str, str]] | None, variant: str, seed: int, status: str,
+            metrics: dict[str, Any], checkpoint: str | None) -> TrialRecord:  # fmt: skip
+    """A manifest record from a trial's last metrics and checkpoint and its MLflow run (id, name, tags)."""
+    run_id, run_name, tags = run if run is not None else (None, None, {})
     history = str(Path(checkpoint) / HEAD_HISTORY_FILE) if checkpoint else None
     history = history if history and Path(history).is_file() else None
     artifacts = {}
-    if run is not None and "tune.checkpoint" in run.data.tags:  # set only once the upload succeeded
-        base = f"runs:/{run.info.run_id}/checkpoint"
+    if run_id is not None and "tune.checkpoint" in tags:  # set only once the upload succeeded
+        base = f"runs:/{run_id}/checkpoint"
         artifacts = {"checkpoint": base} | ({"head_history": f"{base}/{HEAD_HISTORY_FILE}"} if history else {})
     values = {k: float(metrics[k]) for k in ("epoch", *tracking.EPOCH_METRICS) if k in metrics}
-    tags = run.data.tags if run is not None else {}
     return TrialRecord(
-        trial_id, run.info.run_id if run else None, run.info.run_name if run else None, variant, seed, status,
+        trial_id, run_id, run_name, variant, seed, status,
         int(values.get("epoch", 0)), values, checkpoint, history, artifacts, trial_key=tags.get(KEY_TAG),
         sweep_run_id=tags.get("mlflow.parentRunId"), failure_reason=tags.get(tracking.FAILURE_REASON_TAG),
     )  # fmt: skip

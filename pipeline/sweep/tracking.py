@@ -10,6 +10,8 @@ Why the driver writes everything instead of the trials or the stock ``MLflowLogg
   bookkeeping keys; the final checkpoint and head-centre history are uploaded once, when the trial ends, with the
   final model (an MLflow model) and the prepared dataset as the run's input.
 Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_interrupted`` and reopened on restore.
+Every write to a run goes through the callback's ``TrackingBuffer`` (``tracking_buffer``): a tracking server that
+stays down queues the writes on disk instead of stopping the sweep, and they are replayed when it answers again.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,11 @@ from ray.tune.utils import flatten_dict
 
 from pipeline.config import TrackingConfig
 from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root
-from pipeline.sweep.logged_model import MODEL_URI_TAG, PreparedDataset, log_trial_model
+from pipeline.sweep.logged_model import PreparedDataset
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
 from pipeline.sweep.reuse import TRIAL_PATH_TAG
-from pipeline.trial.checkpoint import checkpoint_loads
+from pipeline.sweep.tracking_buffer import BUFFER_FILE, PLACEHOLDER, TrackingBuffer, is_outage
+from pipeline.trial.checkpoint import checkpoint_loads, load_checkpoint
 from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError
 
 log = logging.getLogger(__name__)
@@ -268,31 +271,41 @@ def trial_outcome(run: Any | None) -> str:
     return label if label in (FINISHED, EARLY_STOPPED, ERROR) else INTERRUPTED
 
 
-def close_interrupted(sweep: SweepRun, run_ids: Iterable[str] = ()) -> int:
+def close_interrupted(callback: MlflowTrialCallback) -> int:
     """Mark the trials' runs still RUNNING (driver interrupted) and the parent as KILLED; a restore reopens them.
-    ``run_ids``: runs of an earlier sweep that this one continued (not its children)."""
-    client = MlflowClient(sweep.tracking_uri)
-    runs = child_runs(sweep)
-    runs |= {run_id: client.get_run(run_id) for run_id in set(run_ids) - {r.info.run_id for r in runs.values()}}
-    open_runs = [run for run in runs.values() if run.info.status == "RUNNING"]
-    for run in open_runs:
-        client.set_tag(run.info.run_id, "tune.status", INTERRUPTED)
-        client.set_terminated(run.info.run_id, status="KILLED")
-    client.set_terminated(sweep.parent_run_id, status="KILLED")
-    return len(open_runs)
+    Besides the sweep's children, the runs of an earlier sweep that this one continued. With the server down (or
+    writes still queued) the store cannot say which runs are open: those the callback opened and did not end are
+    closed through the buffer."""
+    sweep, buffer = callback.sweep, callback.buffer
+    open_ids = sorted(callback.open_runs())
+    if buffer.flush(force=True):
+        try:
+            client = MlflowClient(sweep.tracking_uri)
+            runs = child_runs(sweep)
+            known = {run.info.run_id for run in runs.values()}
+            runs |= {run_id: client.get_run(run_id) for run_id in set(callback.run_ids().values()) - known}
+            open_ids = [run.info.run_id for run in runs.values() if run.info.status == "RUNNING"]
+        except MlflowException as err:
+            if not is_outage(err):
+                raise
+            buffer.went_down(err)
+    for run_id in open_ids:
+        buffer.set_tags(run_id, {"tune.status": INTERRUPTED})
+        buffer.set_terminated(run_id, "KILLED")
+    buffer.set_terminated(sweep.parent_run_id, "KILLED")
+    return len(open_ids)
 
 
-def record_sweep_trials(sweep: SweepRun, trials: list[dict[str, Any]]) -> None:
+def record_sweep_trials(sweep: SweepRun, trials: list[dict[str, Any]], buffer: TrackingBuffer) -> None:
     """The parent run's ``sweep_trials.json``: per trial, its run and whether this sweep trained, resumed or reused it
     (a reused or resumed run keeps the parent that started it: MLflow runs are not re-parented)."""
-    MlflowClient(sweep.tracking_uri).log_dict(sweep.parent_run_id, {"trials": trials}, "sweep_trials.json")
+    buffer.log_dict(sweep.parent_run_id, {"trials": trials}, "sweep_trials.json")
 
 
-def finish_sweep(sweep: SweepRun, status: str, tags: dict[str, str] | None = None) -> None:
-    client = MlflowClient(sweep.tracking_uri)
-    for key, value in (tags or {}).items():
-        client.set_tag(sweep.parent_run_id, key, value)
-    client.set_terminated(sweep.parent_run_id, status=status)
+def finish_sweep(sweep: SweepRun, status: str, tags: dict[str, str] | None, buffer: TrackingBuffer) -> None:
+    if tags:
+        buffer.set_tags(sweep.parent_run_id, tags)
+    buffer.set_terminated(sweep.parent_run_id, status)
 
 
 def unretryable_reason(trial: Any) -> str | None:
@@ -320,6 +333,10 @@ class MlflowTrialCallback(Callback):
     map in Tune's experiment state (``get_state``/``set_state``), logs the training metrics at ``step=epoch`` once
     each, and when a trial ends uploads its checkpoint and logs its final model and dataset (``logged_model``).
 
+    Writes go through ``buffer`` (a ``TrackingBuffer`` in ``buffer_dir``, the Ray experiment directory): while the
+    tracking server is down they queue on disk, a run created meanwhile gets a placeholder id, and ``on_step_end``
+    replays them once a probe finds the server back; reads fall back to what this driver knows.
+
     Tune pickles this object into ``tuner.pkl`` and restores ``get_state()`` from its experiment snapshots, so it
     holds only plain data; the client is created lazily. ``run_info`` is a module-level function (picklable by
     reference) that turns a trial's config into its run name, params and tags.
@@ -332,18 +349,23 @@ class MlflowTrialCallback(Callback):
         tags: dict[str, str],
         epochs: int,
         dataset: PreparedDataset | None = None,
+        buffer_dir: Path | None = None,
     ) -> None:
         self.sweep = sweep
         self.run_info = run_info
         self.tags = {**context_tags(), **tags}
         self.dataset = dataset  # logged as every trial's input when it ends
         self.epochs = epochs  # a trial that completes before this many epochs was stopped early (ASHA)
+        self.buffer_file = buffer_dir / BUFFER_FILE if buffer_dir is not None else None  # None: outages raise
         self.runs: dict[str, str] = {}  # trial_id -> run_id: the state that survives restore
         self.last_epoch: dict[str, int] = {}
         self._logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
         self._nodes: dict[str, list[str]] = {}  # run_id -> the nodes it ran on (the ray.node_ids tag)
         self._seen_where: dict[str, dict[str, str]] = {}  # trial_id -> node and device of its last report
+        self._open: set[str] = set()  # trial ids whose run this driver (re)opened and has not ended
+        self._written: dict[str, dict[str, Any]] = {}  # trial_id -> run name and tags it wrote (read while down)
         self._client: CountingClient | None = None
+        self._buffer: TrackingBuffer | None = None
         self.epochs_logged = 0
 
     @property
@@ -353,34 +375,92 @@ class MlflowTrialCallback(Callback):
         return self._client
 
     @property
+    def buffer(self) -> TrackingBuffer:
+        if self._buffer is None:
+            self._buffer = TrackingBuffer(self.buffer_file, self.sweep.tracking_uri, lambda: self.client)
+        return self._buffer
+
+    @property
     def calls(self) -> Counter:
         """MLflow client requests made so far, by method (the sweep-overhead benchmark reports them)."""
         return self._client.calls if self._client is not None else Counter()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None}
+        return {**self.__dict__, "_client": None, "_buffer": None}
 
     def get_state(self) -> dict | None:
-        return {"runs": dict(self.runs), "last_epoch": dict(self.last_epoch)}
+        return {"runs": self.run_ids(), "last_epoch": dict(self.last_epoch)}
 
     def set_state(self, state: dict) -> None:
         self.runs.update(state.get("runs", {}))
         self.last_epoch.update(state.get("last_epoch", {}))
 
+    def run_ids(self) -> dict[str, str]:
+        """trial_id -> run_id, with the runs created by a replay of the buffer under their real ids."""
+        self.runs = {trial_id: self.buffer.run_id(run_id) for trial_id, run_id in self.runs.items()}
+        return dict(self.runs)
+
+    def open_runs(self) -> set[str]:
+        """The runs this driver (re)opened for a trial and has not ended."""
+        runs = self.run_ids()
+        return {runs[trial_id] for trial_id in self._open if trial_id in runs}
+
+    def written(self, trial_id: str) -> tuple[str, dict[str, str]] | None:
+        """The run name and tags this driver gave the trial's run: what is known of it while the store cannot be
+        read (the server down, or writes still queued)."""
+        known = self._written.get(trial_id)
+        return (known["run_name"], dict(known["tags"])) if known else None
+
+    def _run(self, trial_id: str) -> str | None:
+        return self.run_ids().get(trial_id)
+
+    def _read(self, read: Callable[[], Any], fallback: Any) -> Any:
+        """A read of the store, or ``fallback`` while it cannot be read: the server is down, or writes wait in the
+        buffer (the store is behind them)."""
+        if self.buffer.down or self.buffer.pending:
+            return fallback
+        try:
+            return read()
+        except MlflowException as err:
+            if not is_outage(err) or self.buffer_file is None:
+                raise
+            self.buffer.went_down(err)
+            return fallback
+
+    def _remember(self, trial: Any, tags: dict[str, str], run_name: str | None = None) -> None:
+        known = self._written.setdefault(trial.trial_id, {"run_name": run_name, "tags": {}})
+        if known["run_name"] is None:
+            described = self.run_info(trial.config)
+            known["run_name"] = described.run_name
+            known["tags"] = {**described.tags, **known["tags"]}
+        known["tags"].update(tags)
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        if self._buffer is not None and (self._buffer.down or self._buffer.pending):
+            self._buffer.flush()  # at most one probe every RETRY_EVERY_S; replays in order once the server answers
+
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         from_earlier_sweep = trial.trial_id not in self.runs and trial.config.get("resume_run") is not None
-        run_id = self.runs.get(trial.trial_id) or trial.config.get("resume_run")
+        run_id = self._run(trial.trial_id) or trial.config.get("resume_run")
+        self._open.add(trial.trial_id)
         if run_id is not None:  # a retry, a restored sweep or a trial resumed from an earlier sweep: continue its run
             self.runs[trial.trial_id] = run_id
-            self.client.update_run(run_id, status="RUNNING")
+            self.buffer.update_run(run_id, "RUNNING")
             tags = {"tune.status": "running", "ray.trial_id": trial.trial_id, TRIAL_PATH_TAG: str(trial.path)}
-            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            self.buffer.set_tags(run_id, tags)
+            parent = {} if from_earlier_sweep else {"mlflow.parentRunId": self.sweep.parent_run_id}
+            self._remember(trial, {**tags, **parent})
             # Tune resumes from its last saved state, which can lag behind what was logged (Ctrl-C between a report
             # and the next snapshot): epochs already in the run are trained again but not logged twice.
-            history = self.client.get_metric_history(run_id, EPOCH_METRICS[0])
-            self._logged_through[trial.trial_id] = max((m.step for m in history), default=0)
-            if from_earlier_sweep:
-                self._log_checkpoint_history(trial, run_id, Path(trial.config["resume_from"]))
+            history = self._read(lambda: self.client.get_metric_history(run_id, EPOCH_METRICS[0]), None)
+            if history is not None:
+                self._logged_through[trial.trial_id] = max((m.step for m in history), default=0)
+                if from_earlier_sweep:
+                    self._log_checkpoint_history(trial, run_id, Path(trial.config["resume_from"]))
+            elif from_earlier_sweep:  # unreadable: the checkpoint's epochs are in the run (none logged twice)
+                self._logged_through[trial.trial_id] = int(load_checkpoint(Path(trial.config["resume_from"]))["epoch"])
+            else:  # unreadable: what this driver reported is what the run has (logged, or queued in the buffer)
+                self._logged_through[trial.trial_id] = self.last_epoch.get(trial.trial_id, 0)
             log.info("MLflow: trial %s continues run %s", trial.trial_id, run_id)
             return
         described = self.run_info(trial.config)
@@ -392,37 +472,48 @@ class MlflowTrialCallback(Callback):
             TRIAL_PATH_TAG: str(trial.path),  # where a later sweep finds its checkpoints to resume from
             "tune.status": "running",
         }  # fmt: skip
-        run = self.client.create_run(self.sweep.experiment_id, run_name=described.run_name, tags=tags)
+        run_id = self._create_run(trial.trial_id, described.run_name, tags)
+        self._remember(trial, tags, described.run_name)
         now = int(time.time() * 1000)
-        self.client.log_batch(
-            run.info.run_id,
+        self.buffer.log_batch(
+            run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in described.start_metrics.items()],
             params=[Param(k, v) for k, v in described.params.items()],
         )
         for name, payload in described.start_artifacts.items():
-            self.client.log_dict(run.info.run_id, payload, name)
-        self.runs[trial.trial_id] = run.info.run_id
-        log.info("MLflow: trial %s -> run %s (%s)", trial.trial_id, run.info.run_id, described.run_name)
+            self.buffer.log_dict(run_id, payload, name)
+        self.runs[trial.trial_id] = run_id
+        log.info("MLflow: trial %s -> run %s (%s)", trial.trial_id, run_id, described.run_name)
+
+    def _create_run(self, trial_id: str, run_name: str, tags: dict[str, str]) -> str:
+        """The new run's id; while the server is down a placeholder that the buffer's replay creates the run for."""
+        buffer = self.buffer
+        if not (buffer.down or buffer.pending):
+            try:
+                return self.client.create_run(self.sweep.experiment_id, run_name=run_name, tags=tags).info.run_id
+            except MlflowException as err:
+                if not is_outage(err) or self.buffer_file is None:
+                    raise
+                buffer.went_down(err)
+        return buffer.create_run(f"{PLACEHOLDER}{trial_id}", self.sweep.experiment_id, run_name, tags)
 
     def _log_checkpoint_history(self, trial: Any, run_id: str, checkpoint_dir: Path) -> None:
         """A checkpoint can be ahead of its run (the driver stopped after the trial saved epoch k but before it
         logged it): log the epochs the run misses from the checkpoint's own metrics history, so a run resumed in a
         later sweep has every epoch once."""
-        from pipeline.trial.checkpoint import load_checkpoint  # torch: only for a run resumed from an earlier sweep
-
         logged = self._logged_through[trial.trial_id]
         missing = [m for m in load_checkpoint(checkpoint_dir).get("metrics_history", []) if int(m["epoch"]) > logged]
         now = int(time.time() * 1000)
         for report in missing:
             epoch = int(report["epoch"])
             metrics = [Metric(k, float(report[k]), now, epoch) for k in EPOCH_METRICS if k in report]
-            self.client.log_batch(run_id, metrics=metrics)
+            self.buffer.log_batch(run_id, metrics=metrics)
             self._logged_through[trial.trial_id] = epoch
         if missing:
             log.info("MLflow: run %s gets epochs %s from its checkpoint", run_id, [int(m["epoch"]) for m in missing])
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        run_id = self.runs.get(trial.trial_id)
+        run_id = self._run(trial.trial_id)
         if run_id is None or "epoch" not in result:
             return
         epoch = int(result["epoch"])
@@ -432,11 +523,11 @@ class MlflowTrialCallback(Callback):
         if epoch <= self._logged_through.get(trial.trial_id, 0):
             log.info("MLflow: trial %s epoch %d is already in run %s; not logged again", trial.trial_id, epoch, run_id)
             if where:
-                self.client.log_batch(run_id, tags=where)
+                self.buffer.log_batch(run_id, tags=where)
             return
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(result[k]), now, epoch) for k in EPOCH_METRICS if k in result]
-        self.client.log_batch(run_id, metrics=metrics, tags=where)
+        self.buffer.log_batch(run_id, metrics=metrics, tags=where)
         self.epochs_logged += 1
 
     def _where_tags(self, trial_id: str, run_id: str, result: dict) -> list[RunTag]:
@@ -455,7 +546,10 @@ class MlflowTrialCallback(Callback):
         last one). Read back from the run once per driver process, so a restored sweep extends the list."""
         nodes = self._nodes.get(run_id)
         if nodes is None:
-            recorded = self.client.get_run(run_id).data.tags.get(NODES_TAG, "")
+            recorded = "" if run_id.startswith(PLACEHOLDER) else None  # a run created while down has none yet
+            recorded = self._read(lambda: self.client.get_run(run_id).data.tags.get(NODES_TAG, ""), recorded)
+            if recorded is None:  # unreadable now: leave the tag as it is rather than drop the nodes it lists
+                return {}
             nodes = self._nodes[run_id] = [n for n in recorded.split(",") if n]
         if node in nodes:
             return {}
@@ -463,16 +557,18 @@ class MlflowTrialCallback(Callback):
         return {NODES_TAG: ",".join(nodes)}
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        run_id = self.runs.get(trial.trial_id)
+        run_id = self._run(trial.trial_id)
         if run_id is not None:  # tune.retries is set when the trial ends, as a final count that never goes stale
-            self.client.set_tag(run_id, "tune.status", "retrying")
+            self.buffer.set_tags(run_id, {"tune.status": "retrying"})
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        run_id = self.runs.get(trial.trial_id)
+        run_id = self._run(trial.trial_id)
         reason = unretryable_reason(trial)
         if run_id is not None and reason is not None:  # in the UI: why it failed, and that no retry was made
             note = f"Failed once, not retried (a retry cannot fix it): {reason}"
-            self.client.log_batch(run_id, tags=[RunTag(FAILURE_REASON_TAG, reason), RunTag(NOTE_TAG, note)])
+            tags = {FAILURE_REASON_TAG: reason, NOTE_TAG: note}
+            self.buffer.set_tags(run_id, tags)
+            self._remember(trial, tags)
         self._finish(trial, "FAILED", ERROR)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -480,7 +576,7 @@ class MlflowTrialCallback(Callback):
         self._finish(trial, "FINISHED", EARLY_STOPPED if stopped_early else FINISHED)
 
     def _finish(self, trial: Any, status: str, label: str) -> None:
-        run_id = self.runs.get(trial.trial_id)
+        run_id = self._run(trial.trial_id)
         if run_id is None:
             return
         tags = {"tune.status": label, "tune.last_epoch": str(self.last_epoch.get(trial.trial_id, 0))}
@@ -489,15 +585,18 @@ class MlflowTrialCallback(Callback):
             tags["tune.retries"] = str(retries)
         if label == EARLY_STOPPED:
             tags["tune.early_stopped"] = "true"
-        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        self.buffer.set_tags(run_id, tags)
+        self._remember(trial, tags)
         self._log_checkpoint(run_id, trial)
-        self.client.set_terminated(run_id, status=RunStatus.to_string(RunStatus.from_string(status)))
+        self.buffer.set_terminated(run_id, RunStatus.to_string(RunStatus.from_string(status)))
+        self._open.discard(trial.trial_id)
 
     def _log_checkpoint(self, run_id: str, trial: Any) -> None:
         """Upload the trial's latest checkpoint dir (checkpoint.pt, head_history.json) as artifact ``checkpoint/``.
 
         Read from Tune's storage in the driver: on a multi-node cluster ``storage_path`` must be shared (it must be
-        anyway for retries and restore).
+        anyway for retries and restore). Queued while the server is down: the replay uploads the trial's newest
+        checkpoint that loads then.
         """
         checkpoint = trial.checkpoint
         if checkpoint is None:
@@ -508,9 +607,6 @@ class MlflowTrialCallback(Callback):
                     log.warning("MLflow: not uploading the checkpoint of trial %s: %s/%s does not load",
                                 trial.trial_id, checkpoint.path, CHECKPOINT_FILE)  # fmt: skip
                     return
-                self.client.log_artifacts(run_id, local, artifact_path="checkpoint")
-                self.client.set_tag(run_id, "tune.checkpoint", checkpoint.path)
-                model_uri = log_trial_model(self.sweep.tracking_uri, run_id, Path(local), self.dataset)
-            self.client.set_tag(run_id, MODEL_URI_TAG, model_uri)
+                self.buffer.upload_checkpoint(run_id, Path(local), Path(trial.path), self.dataset)
         except (OSError, MlflowException) as err:  # the run's metrics are still worth keeping
             log.warning("MLflow: could not log the checkpoint or model of trial %s: %s", trial.trial_id, err)

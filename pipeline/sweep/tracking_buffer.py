@@ -1,0 +1,293 @@
+"""MLflow writes that outlive a tracking-server outage: a write-ahead buffer on disk, replayed when the server answers.
+
+Why: the driver writes every run (``pipeline.sweep.tracking``). An http tracking server down for longer than the
+MLflow client's retry budget (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` x ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``: about four
+minutes by default) made every write raise, and the sweep died while its trials trained fine. Here:
+
+- a write that fails because the server cannot be reached (connection refused or reset, a timeout, 5xx replies until
+  the retries ran out) is appended to ``BUFFER_FILE`` in the Ray experiment directory, one JSON object a line,
+  fsync'd, so a driver that dies keeps it; a request the server refuses (4xx: a bad request) still raises;
+- every later write queues behind it, so a run's epochs stay before its termination;
+- while the server is known down no write enters the client's retry loop: a short probe of ``/health`` at most every
+  ``RETRY_EVERY_S`` decides when to replay the file, in order;
+- a checkpoint upload that has to wait is recorded with its trial's folder; the replay uploads the newest checkpoint
+  of that trial that loads (Tune keeps only the last two, so the one named may be gone by then).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import requests
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from pipeline.io import write_json_atomic
+from pipeline.sweep.logged_model import PreparedDataset, log_checkpoint
+from pipeline.trial.checkpoint import checkpoint_loads
+
+log = logging.getLogger(__name__)
+
+BUFFER_FILE = "mlflow_buffer.jsonl"  # in the Ray experiment directory
+RUNS_FILE = "mlflow_buffer_runs.json"  # beside it: run id handed out while the server was down -> the run it became
+PLACEHOLDER = "buffered-"  # how such a run id starts (``buffered-<trial id>``)
+RETRY_EVERY_S = 10.0  # while the server is down: at most one /health probe per this many seconds
+PROBE_TIMEOUT_S = 2.0
+FINAL_WAIT_S = 60.0  # at the end of a sweep: how long to wait for a server that is down before giving up
+OUTAGE_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.RetryError)
+
+
+def is_outage(err: BaseException) -> bool:
+    """Whether ``err`` says the server could not be reached, as opposed to a request it refused. MLflow wraps the
+    ``requests`` error in an ``MlflowException`` raised inside its ``except`` block: the cause is the context."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OUTAGE_ERRORS):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def server_answers(uri: str) -> bool:
+    """A short probe of an http tracking server's ``/health`` (never the client's minutes of retries)."""
+    try:
+        return requests.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).status_code == 200
+    except requests.exceptions.RequestException:
+        return False
+
+
+def newest_loading_checkpoint(preferred: Path, trial_dir: Path) -> Path | None:
+    """``preferred`` when it still loads, else the trial's newest checkpoint that does (None: none does)."""
+    if checkpoint_loads(preferred):
+        return preferred
+    others = sorted((p for p in trial_dir.glob("checkpoint_*") if p != preferred), key=lambda p: p.name, reverse=True)
+    return next((p for p in others if checkpoint_loads(p)), None)
+
+
+class TrackingBuffer:
+    """The driver's MLflow writes to existing runs, made directly while the server answers and queued on disk while
+    it does not. Holds plain data only (the callback that owns it is pickled by Tune); the client is given lazily."""
+
+    def __init__(self, path: Path | None, uri: str, client: Callable[[], Any] | None = None) -> None:
+        self.path = path  # None: no buffer, an outage raises as any error
+        self.uri = uri
+        self._client_factory = client
+        self._client: Any = None
+        self._pending: int | None = None  # entries in the file, counted once, then kept
+        self.down = False  # a write or read failed for an outage and no probe has answered since
+        self._next_probe = 0.0
+        self._resolved: dict[str, str] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None, "_client_factory": None}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self._client_factory() if self._client_factory else MlflowClient(self.uri)
+        return self._client
+
+    @property
+    def pending(self) -> int:
+        """Writes waiting in the file."""
+        if self._pending is None:
+            self._pending = len(self._entries())
+        return self._pending
+
+    @property
+    def resolved(self) -> dict[str, str]:
+        """Placeholder run id -> the run created for it when the buffer was replayed (kept in ``RUNS_FILE``, so a
+        restored sweep's callback maps the ids Tune saved)."""
+        if self._resolved is None:
+            runs = self.path.with_name(RUNS_FILE) if self.path else None
+            self._resolved = json.loads(runs.read_text()) if runs and runs.is_file() else {}
+        return self._resolved
+
+    def run_id(self, run_id: str) -> str:
+        """The real id of ``run_id`` (itself unless it is a placeholder that has been created since)."""
+        return self.resolved.get(run_id, run_id)
+
+    # The writes the driver makes, each one entry of the buffer.
+    def create_run(self, placeholder: str, experiment_id: str, run_name: str, tags: dict[str, str]) -> str:
+        """A run created while the server is down: ``placeholder`` stands for it in the writes queued behind it."""
+        self._append({"op": "create_run", "run_id": placeholder, "experiment_id": experiment_id, "run_name": run_name,
+                      "tags": tags})  # fmt: skip
+        return placeholder
+
+    def log_batch(
+        self, run_id: str, metrics: Sequence[Metric] = (), params: Sequence[Param] = (), tags: Sequence[RunTag] = ()
+    ) -> None:
+        self.write({"op": "log_batch", "run_id": run_id,
+                    "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
+                    "params": [[p.key, p.value] for p in params],
+                    "tags": [[t.key, t.value] for t in tags]})  # fmt: skip
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        self.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+    def update_run(self, run_id: str, status: str) -> None:
+        self.write({"op": "update_run", "run_id": run_id, "status": status})
+
+    def set_terminated(self, run_id: str, status: str) -> None:
+        self.write({"op": "set_terminated", "run_id": run_id, "status": status})
+
+    def log_dict(self, run_id: str, payload: Any, name: str) -> None:
+        self.write({"op": "log_dict", "run_id": run_id, "payload": payload, "name": name})
+
+    def upload_checkpoint(
+        self, run_id: str, checkpoint: Path, trial_dir: Path, dataset: PreparedDataset | None
+    ) -> None:
+        """The trial's checkpoint folder as the run's ``checkpoint/`` artifact and its final model (``log_checkpoint``);
+        replayed later, the trial's newest checkpoint that loads then."""
+        self.write({"op": "upload_checkpoint", "run_id": run_id, "checkpoint": str(checkpoint),
+                    "trial_dir": str(trial_dir), "dataset": asdict(dataset) if dataset else None})  # fmt: skip
+
+    def write(self, entry: dict[str, Any]) -> None:
+        """Apply ``entry`` now, or queue it behind earlier ones while the server is down (or was, and a probe has not
+        answered since)."""
+        if self.down or self.pending:
+            self._append(entry)
+            self.flush()
+            return
+        try:
+            self._apply(entry)
+        except Exception as err:
+            if not is_outage(err) or self.path is None:
+                raise
+            self.went_down(err)
+            self._append(entry)
+
+    def went_down(self, err: BaseException) -> None:
+        if not self.down:
+            log.warning("MLflow: the tracking server at %s does not answer (%s); training goes on, writes are "
+                        "buffered in %s and retried every %.0f s", self.uri, _first_line(err), self.path,
+                        RETRY_EVERY_S)  # fmt: skip
+        self.down = True
+        self._next_probe = time.monotonic() + RETRY_EVERY_S
+
+    def flush(self, *, force: bool = False) -> bool:
+        """Replay the buffered writes in order if the server answers a probe (at most every ``RETRY_EVERY_S`` unless
+        ``force``); True when nothing is left waiting."""
+        if not self.down and not self.pending:
+            return True
+        now = time.monotonic()
+        if not force and now < self._next_probe:
+            return False
+        self._next_probe = now + RETRY_EVERY_S
+        if not server_answers(self.uri):
+            self.down = True
+            return False
+        self.down = False
+        entries = self._entries()
+        for done, entry in enumerate(entries):
+            try:
+                self._apply(entry)
+            except Exception as err:
+                if not is_outage(err):  # refused (the run was deleted meanwhile...): it can never succeed
+                    log.warning("MLflow: dropping buffered %s of run %s, refused by the server: %s", entry["op"],
+                                entry.get("run_id"), _first_line(err))  # fmt: skip
+                    continue
+                self._rewrite(entries[done:])
+                self.went_down(err)
+                return False
+        self._rewrite([])
+        if entries:
+            log.info("MLflow: the tracking server at %s answers again; %d buffered write(s) flushed", self.uri,
+                     len(entries))  # fmt: skip
+        return True
+
+    def wait_flushed(self, seconds: float) -> bool:
+        """Flush, waiting up to ``seconds`` for the server to answer (the end of a sweep: a short outage is over
+        before the stage gives up)."""
+        deadline = time.monotonic() + seconds
+        while not self.flush(force=True):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(PROBE_TIMEOUT_S * 2, max(0.0, deadline - time.monotonic())))
+        return True
+
+    def _apply(self, entry: dict[str, Any]) -> None:
+        op, run_id = entry["op"], self.run_id(entry["run_id"])
+        if op == "create_run":
+            if run_id == entry["run_id"]:  # not created yet (a replay cut short after it keeps the mapping)
+                run = self.client.create_run(entry["experiment_id"], run_name=entry["run_name"], tags=entry["tags"])
+                self._resolve(run_id, run.info.run_id)
+        elif op == "log_batch":
+            self.client.log_batch(run_id, metrics=[Metric(*m) for m in entry["metrics"]],
+                                  params=[Param(*p) for p in entry["params"]],
+                                  tags=[RunTag(*t) for t in entry["tags"]])  # fmt: skip
+        elif op == "update_run":
+            self.client.update_run(run_id, status=entry["status"])
+        elif op == "set_terminated":
+            self.client.set_terminated(run_id, status=entry["status"])
+        elif op == "log_dict":
+            self.client.log_dict(run_id, entry["payload"], entry["name"])
+        elif op == "upload_checkpoint":
+            checkpoint = newest_loading_checkpoint(Path(entry["checkpoint"]), Path(entry["trial_dir"]))
+            if checkpoint is None:
+                log.warning("MLflow: run %s gets no checkpoint: no checkpoint in %s loads", run_id, entry["trial_dir"])
+                return
+            dataset = PreparedDataset(**entry["dataset"]) if entry["dataset"] else None
+            log_checkpoint(self.client, self.uri, run_id, checkpoint, dataset)
+        else:
+            raise ValueError(f"{self.path}: unknown buffered write {op!r}")
+
+    def _resolve(self, placeholder: str, run_id: str) -> None:
+        self.resolved[placeholder] = run_id
+        assert self.path is not None, "only a buffer on disk hands out placeholders"
+        write_json_atomic(self.path.with_name(RUNS_FILE), self.resolved)
+
+    def _entries(self) -> list[dict[str, Any]]:
+        if self.path is None or not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        assert self.path is not None, "an outage without a buffer file raises before this"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as file:
+            file.write(json.dumps({**entry, "uri": self.uri}) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        self._pending = self.pending + 1 if self._pending is not None else len(self._entries())
+
+    def _rewrite(self, entries: list[dict[str, Any]]) -> None:
+        """What is left after a replay, replacing the file at once (a crash mid-replay keeps the file as it was)."""
+        assert self.path is not None, "nothing is replayed without a buffer file"
+        self._pending = len(entries)
+        if not entries:
+            self.path.unlink(missing_ok=True)
+            return
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w") as file:
+            file.writelines(json.dumps({**entry, "run_id": self.run_id(entry["run_id"])}) + "\n" for entry in entries)
+            file.flush()
+            os.fsync(file.fileno())
+        tmp.replace(self.path)
+
+
+def flush_buffers(storage: Path) -> None:
+    """Before a stage plans anything: replay what earlier runs buffered under ``storage`` (one file per Ray
+    experiment), since reuse and restore read the runs' states. A server still down only warns: preflight has
+    already checked this stage's own tracking server."""
+    for path in sorted(storage.glob(f"*/{BUFFER_FILE}")):
+        lines = path.read_text().splitlines()
+        uri = json.loads(lines[0])["uri"] if lines else ""
+        buffer = TrackingBuffer(path, uri)
+        if lines and not buffer.flush(force=True):
+            log.warning("MLflow: %d write(s) for %s stay buffered in %s (the server does not answer); the next run "
+                        "tries again", buffer.pending, uri, path)  # fmt: skip
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
