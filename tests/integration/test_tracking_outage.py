@@ -1,0 +1,201 @@
+"""An MLflow tracking server down for longer than the client's retry budget, on the real tools: a `mlflow server` of the
+test's own (killed and restarted on the same port and store), the session's Ray, the tune stage as a subprocess.
+
+The stage gets a retry budget of one try (MLflow's ``MLFLOW_HTTP_REQUEST_*`` variables), so an outage outlasts it at
+once instead of after the default ~4 minutes; the training must go on, its writes buffered and replayed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipeline.config import load_params
+from pipeline.sweep.identity import experiment_name, prepared_data_hash
+from pipeline.sweep.tracking_buffer import BUFFER_FILE
+
+if TYPE_CHECKING:
+    from conftest import Project
+
+pytestmark = pytest.mark.slow
+
+EPOCHS = 5
+VENV_BIN = Path(sys.executable).parent
+TINY_RETRY_BUDGET = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+class RestartableServer:
+    """A real ``mlflow server`` on a fixed 127.0.0.1 port and sqlite store, so a restart is the same server."""
+
+    def __init__(self, home: Path) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.home, self.port = home, probe.getsockname()[1]
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+        command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.home}/mlflow.db",
+                   "--artifacts-destination", str(self.home / "mlartifacts"), "--host", "127.0.0.1",
+                   "--port", str(self.port), "--workers", "1"]  # fmt: skip
+        with (self.home / "server.log").open("a") as log:
+            self.process = subprocess.Popen(command, cwd=self.home, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {(self.home / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.3)
+
+    def kill(self) -> None:
+        """Down at once, as a crashed server or a lost network (the server and its worker: our process group)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=20)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RestartableServer]:
+    mlflow = RestartableServer(tmp_path)
+    mlflow.start()
+    try:
+        yield mlflow
+    finally:
+        mlflow.kill()
+
+
+def _start_tune(project: Project) -> subprocess.Popen:
+    return subprocess.Popen(["python", "-m", "stages.tune"], cwd=project.path, env={**project.env, **TINY_RETRY_BUDGET},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def _sweep(project: Project, params: dict, server: RestartableServer, seeds: list[int]) -> Path:
+    """One variant, ``EPOCHS`` epochs, one trial at a time, tracked by ``server``; the Ray experiment dir."""
+    params["train"]["epochs"] = EPOCHS
+    params["sweep"].update(
+        variants=["sa_quadratic_9"], seeds=seeds, max_concurrent_trials=1, fail_once_after_epoch=None
+    )
+    params["tracking"] = {"uri": server.uri, "experiment": "it-outage"}
+    project.write_params(params)
+    loaded = load_params(project.path / "params.yaml")
+    return project.path / "results/ray" / experiment_name(loaded, prepared_data_hash(loaded, project.path))
+
+
+def _kill_after_first_epoch_logged(server: RestartableServer, stage: subprocess.Popen) -> int:
+    """Kill the server as soon as a trial's first epoch is in MLflow; the epochs logged by then."""
+    client = MlflowClient(server.uri)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and stage.poll() is None:
+        experiment = client.get_experiment_by_name("it-outage")
+        runs = client.search_runs([experiment.experiment_id], "metrics.test_acc > -1") if experiment else []
+        if runs:
+            logged = max(m.step for run in runs for m in client.get_metric_history(run.info.run_id, "test_acc"))
+            server.kill()
+            return logged
+        time.sleep(0.2)
+    stage.kill()
+    raise AssertionError(f"no epoch logged:\n{stage.communicate()[0][-3000:]}")
+
+
+def _wait_for(condition, stage: subprocess.Popen, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + 240
+    while not condition():
+        if stage.poll() is not None or time.monotonic() > deadline:
+            stage.kill()
+            raise AssertionError(f"{what} never happened:\n{stage.communicate()[0][-3000:]}")
+        time.sleep(0.2)
+
+
+def _assert_runs_complete(client: MlflowClient, parent_run_id: str, experiment_id: str, trials: int) -> list:
+    """Every trial's run FINISHED with each epoch once at its step, its checkpoint uploaded; the parent FINISHED."""
+    assert client.get_run(parent_run_id).info.status == "FINISHED"
+    runs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
+    assert len(runs) == trials
+    for run in runs:
+        assert run.info.status == "FINISHED" and run.data.tags["tune.status"] == "finished"
+        for metric in ("test_acc", "train_loss"):
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, metric)]
+            assert sorted(steps) == list(range(1, EPOCHS + 1)), (metric, steps)  # none lost, none twice
+        uploaded = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+        assert "checkpoint/checkpoint.pt" in uploaded and run.data.tags["model_uri"].startswith("models:/")
+    return runs
+
+
+def test_an_outage_longer_than_the_retry_budget_loses_nothing(
+    project: Project, project_params: dict, server: RestartableServer
+) -> None:
+    """Killed after epoch 1 is logged; the trial trains its other 4 epochs and ends while the server is down; the
+    server comes back before the stage gives up: everything buffered is replayed in order, exit 0."""
+    project.dvc("repro", "prepare")
+    path = _sweep(project, project_params, server, seeds=[11])
+    stage = _start_tune(project)
+    logged_before = _kill_after_first_epoch_logged(server, stage)
+    _wait_for(lambda: list(path.glob(f"*/checkpoint_{EPOCHS - 1:06d}")), stage, "the last epoch while down")
+    server.start()
+    output, _ = stage.communicate(timeout=240)
+    assert stage.returncode == 0, output[-3000:]
+    assert logged_before < EPOCHS  # the outage came while the trial trained
+    assert "Traceback" not in output, output[-3000:]
+    assert "does not answer" in output and "buffered write(s) flushed" in output, output[-3000:]
+    assert not (path / BUFFER_FILE).exists()
+    manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
+    client = MlflowClient(server.uri)
+    _assert_runs_complete(client, manifest["parent_run_id"], manifest["experiment_id"], trials=1)
+    assert manifest["trials"][0]["artifacts"]["checkpoint"].startswith("runs:/")
+
+
+def test_a_server_that_stays_down_ends_in_one_line_and_the_next_run_flushes(
+    project: Project, project_params: dict, server: RestartableServer
+) -> None:
+    """Two trials one after the other: the server dies during the first, so the second starts (its run is created
+    only when the buffer is replayed) and both end while it is down. The stage waits, then ends with one line,
+    exit 75, the manifest written; once the server is back, the next run flushes the buffer and trains nothing."""
+    project.dvc("repro", "prepare")
+    path = _sweep(project, project_params, server, seeds=[12, 13])
+    stage = _start_tune(project)
+    _kill_after_first_epoch_logged(server, stage)
+    output, _ = stage.communicate(timeout=300)
+    assert stage.returncode == 75, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert f"the MLflow server at {server.uri} does not answer" in last and str(path / BUFFER_FILE) in last, last
+    assert "the next run of this stage flushes them" in last
+    buffered = (path / BUFFER_FILE).read_text().splitlines()
+    assert f"{len(buffered)} write(s) are buffered" in last
+    assert any(json.loads(line)["op"] == "create_run" for line in buffered)  # the second trial's run
+    first = json.loads((project.path / "results/tune/manifest.json").read_text())
+    assert [t["status"] for t in first["trials"]] == ["finished", "finished"]
+    trained = {p.parent.name: len(p.read_text().splitlines()) for p in path.glob("*/result.json")}
+    assert sorted(trained.values()) == [EPOCHS, EPOCHS]
+
+    server.start()
+    done = subprocess.run(["python", "-m", "stages.tune"], cwd=project.path, env={**project.env, **TINY_RETRY_BUDGET},
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert f"{len(buffered)} buffered write(s) flushed" in output and "Traceback" not in output, output[-3000:]
+    assert not (path / BUFFER_FILE).exists()
+    assert {p.parent.name: len(p.read_text().splitlines()) for p in path.glob("*/result.json")} == trained
+    manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
+    assert manifest["parent_run_id"] == first["parent_run_id"]
+    client = MlflowClient(server.uri)
+    runs = _assert_runs_complete(client, manifest["parent_run_id"], manifest["experiment_id"], trials=2)
+    assert sorted(t["run_id"] for t in manifest["trials"]) == sorted(r.info.run_id for r in runs)
