@@ -29,6 +29,7 @@ from pipeline.sweep.plan import storage_dir
 from pipeline.sweep.reuse import KEY_TAG, REUSE, TrialPlan, decide, find_runs, read_plan, write_plan
 from pipeline.sweep.run import fit_tracked, trial_config, trial_run_info
 from pipeline.sweep.summary import register_best_models
+from pipeline.sweep.tracking_buffer import flush_buffers
 from pipeline.trial.checkpoint import save_model_checkpoint
 from pipeline.trial.device import resolve_device
 from pipeline.trial.loop import DeviceData, evaluate
@@ -113,6 +114,7 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
         empty = PruneManifest("", "", tune_manifest.experiment_name, tune_manifest.tracking_uri,
                               tune_manifest.experiment_id, "", rule, [], skipped)  # fmt: skip
         return PruneOutcome(empty)
+    flush_buffers(storage_dir(params, project_root))  # MLflow writes an outage left buffered, before reuse reads runs
     keys = {plan.key: prune_key(params, plan) for plan in plans}
     name = prune_name(list(keys.values()))
     path = storage_dir(params, project_root) / name

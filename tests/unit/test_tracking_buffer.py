@@ -1,0 +1,81 @@
+"""The MLflow write-ahead buffer against a server that is not there (a closed 127.0.0.1 port: connection refused) and a
+real sqlite store (a refusal). The replay against a server that comes back is `integration/test_tracking_outage.py`."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from pipeline.sweep.tracking import CountingClient
+from pipeline.sweep.tracking_buffer import TrackingBuffer, is_outage, newest_loading_checkpoint
+
+
+@pytest.fixture
+def nothing_listening(monkeypatch: pytest.MonkeyPatch) -> str:
+    """An http URI where nothing listens, with a client retry budget of one try (no minutes of backoff)."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_an_unreachable_server_is_an_outage_and_a_refused_request_is_not(
+    nothing_listening: str, tmp_path: Path
+) -> None:
+    with pytest.raises(MlflowException) as down:
+        MlflowClient(nothing_listening).get_run("0" * 32)
+    assert is_outage(down.value)
+    with pytest.raises(MlflowException) as refused:
+        MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run("0" * 32)  # no such run: a request that cannot succeed
+    assert not is_outage(refused.value)
+
+
+def test_writes_queue_in_order_on_disk_without_a_client_call_each_while_down(
+    nothing_listening: str, tmp_path: Path
+) -> None:
+    counting = CountingClient(MlflowClient(nothing_listening))
+    path = tmp_path / "experiment" / "mlflow_buffer.jsonl"
+    buffer = TrackingBuffer(path, nothing_listening, lambda: counting)
+    buffer.log_batch("run-1", metrics=[Metric("test_acc", 0.25, 0, 1)])
+    assert buffer.down and sum(counting.calls.values()) == 1  # the first write found the server down
+    buffer.log_batch("run-1", metrics=[Metric("test_acc", 0.5, 0, 2)])
+    buffer.set_terminated("run-1", "FINISHED")
+    assert sum(counting.calls.values()) == 1  # the later ones queued behind it, no client retry loop each
+    entries = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["op"] for e in entries] == ["log_batch", "log_batch", "set_terminated"]
+    assert [e["metrics"][0][3] for e in entries[:2]] == [1, 2] and {e["uri"] for e in entries} == {nothing_listening}
+    assert not buffer.flush(force=True)  # a probe finds nobody: everything stays, in order
+    assert TrackingBuffer(path, nothing_listening).pending == 3  # what the next driver process finds
+
+
+def test_a_refused_write_raises_and_is_not_buffered(tmp_path: Path) -> None:
+    path = tmp_path / "mlflow_buffer.jsonl"
+    buffer = TrackingBuffer(path, f"sqlite:///{tmp_path}/mlflow.db")
+    with pytest.raises(MlflowException):
+        buffer.set_terminated("0" * 32, "FINISHED")
+    assert not path.exists() and not buffer.down
+
+
+def test_a_waiting_upload_takes_the_newest_checkpoint_that_loads(tmp_path: Path) -> None:
+    """Tune keeps two checkpoints per trial: the one named when the upload was queued may be gone or truncated."""
+    from pipeline.config import ModelConfig
+    from pipeline.models import build_model
+    from pipeline.trial.checkpoint import save_model_checkpoint
+
+    cfg = ModelConfig(hidden=8, layers=1, ffn=16, heads=4, downsample=2)
+    model = build_model(cfg, image_size=8, in_channels=3, num_classes=10)
+    for epoch in (2, 3, 4):
+        save_model_checkpoint(tmp_path / f"checkpoint_00000{epoch}", model, cfg, image_shape=(3, 8, 8), num_classes=10)
+    newest = tmp_path / "checkpoint_000004"
+    assert newest_loading_checkpoint(tmp_path / "checkpoint_000003", tmp_path) == tmp_path / "checkpoint_000003"
+    (newest / "checkpoint.pt").write_bytes((newest / "checkpoint.pt").read_bytes()[:100])  # truncated
+    assert newest_loading_checkpoint(tmp_path / "checkpoint_000001", tmp_path) == tmp_path / "checkpoint_000003"
+    assert newest_loading_checkpoint(newest, tmp_path) == tmp_path / "checkpoint_000003"
