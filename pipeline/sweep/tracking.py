@@ -286,7 +286,7 @@ def close_interrupted(callback: MlflowTrialCallback) -> int:
             runs |= {run_id: client.get_run(run_id) for run_id in set(callback.run_ids().values()) - known}
             open_ids = [run.info.run_id for run in runs.values() if run.info.status == "RUNNING"]
         except MlflowException as err:
-            if not is_outage(err):
+            if not is_outage(err) or buffer.path is None:
                 raise
             buffer.went_down(err)
     for run_id in open_ids:

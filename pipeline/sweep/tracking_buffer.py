@@ -154,7 +154,7 @@ class TrackingBuffer:
     def write(self, entry: dict[str, Any]) -> None:
         """Apply ``entry`` now, or queue it behind earlier ones while the server is down (or was, and a probe has not
         answered since)."""
-        if self.down or self.pending:
+        if self.path is not None and (self.down or self.pending):
             self._append(entry)
             self.flush()
             return
@@ -249,7 +249,17 @@ class TrackingBuffer:
     def _entries(self) -> list[dict[str, Any]]:
         if self.path is None or not self.path.is_file():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        entries = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number < len(lines):
+                    raise ValueError(f"{self.path}: line {number} is not JSON; the buffer was edited?") from None
+                log.warning("MLflow: %s ends in a half-written line (the driver died writing it); it is dropped",
+                            self.path)  # fmt: skip
+        return entries
 
     def _append(self, entry: dict[str, Any]) -> None:
         assert self.path is not None, "an outage without a buffer file raises before this"
@@ -280,12 +290,11 @@ def flush_buffers(storage: Path) -> None:
     experiment), since reuse and restore read the runs' states. A server still down only warns: preflight has
     already checked this stage's own tracking server."""
     for path in sorted(storage.glob(f"*/{BUFFER_FILE}")):
-        lines = path.read_text().splitlines()
-        uri = json.loads(lines[0])["uri"] if lines else ""
-        buffer = TrackingBuffer(path, uri)
-        if lines and not buffer.flush(force=True):
+        entries = TrackingBuffer(path, "")._entries()
+        buffer = TrackingBuffer(path, entries[0]["uri"] if entries else "")
+        if entries and not buffer.flush(force=True):
             log.warning("MLflow: %d write(s) for %s stay buffered in %s (the server does not answer); the next run "
-                        "tries again", buffer.pending, uri, path)  # fmt: skip
+                        "tries again", buffer.pending, buffer.uri, path)  # fmt: skip
 
 
 def _first_line(err: BaseException) -> str:

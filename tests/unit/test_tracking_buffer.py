@@ -79,3 +79,14 @@ def test_a_waiting_upload_takes_the_newest_checkpoint_that_loads(tmp_path: Path)
     (newest / "checkpoint.pt").write_bytes((newest / "checkpoint.pt").read_bytes()[:100])  # truncated
     assert newest_loading_checkpoint(tmp_path / "checkpoint_000001", tmp_path) == tmp_path / "checkpoint_000003"
     assert newest_loading_checkpoint(newest, tmp_path) == tmp_path / "checkpoint_000003"
+
+
+def test_a_half_written_last_line_is_dropped_and_an_edited_one_refused(tmp_path: Path) -> None:
+    """A driver killed while appending leaves a partial last line: the writes before it still count."""
+    path = tmp_path / "mlflow_buffer.jsonl"
+    whole = json.dumps({"op": "set_terminated", "run_id": "r", "status": "FINISHED", "uri": "http://127.0.0.1:1"})
+    path.write_text(f"{whole}\n{whole}\n{whole[:20]}")
+    assert TrackingBuffer(path, "http://127.0.0.1:1").pending == 2
+    path.write_text(f"{whole[:20]}\n{whole}\n")
+    with pytest.raises(ValueError, match="line 1 is not JSON"):
+        TrackingBuffer(path, "http://127.0.0.1:1").pending  # noqa: B018 - reading it is the point
