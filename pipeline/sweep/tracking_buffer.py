@@ -7,7 +7,8 @@ minutes by default) made every write raise, and the sweep died while its trials 
 - a write that fails because the server cannot be reached (connection refused or reset, a timeout, 5xx replies until
   the retries ran out) is appended to ``BUFFER_FILE`` in the Ray experiment directory, one JSON object a line,
   fsync'd, so a driver that dies keeps it; a request the server refuses (4xx: a bad request) still raises;
-- every later write queues behind it, so a run's epochs stay before its termination;
+- every later write queues behind it, so a run's epochs stay before its termination; a write that was sent (and
+  may have reached the server before the reply was lost) skips on replay the epochs its run already has;
 - while the server is known down no write enters the client's retry loop: a short probe of ``/health`` at most every
   ``RETRY_EVERY_S`` decides when to replay the file, in order;
 - a checkpoint upload that has to wait is recorded with its trial's folder; the replay uploads the newest checkpoint
@@ -58,7 +59,10 @@ def is_outage(err: BaseException) -> bool:
 
 
 def server_answers(uri: str) -> bool:
-    """A short probe of an http tracking server's ``/health`` (never the client's minutes of retries)."""
+    """A short probe of an http tracking server's ``/health`` (never the client's minutes of retries); a local store
+    has no server to be down."""
+    if not uri.startswith(("http://", "https://")):
+        return True
     try:
         return requests.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).status_code == 200
     except requests.exceptions.RequestException:
@@ -164,7 +168,7 @@ class TrackingBuffer:
             if not is_outage(err) or self.path is None:
                 raise
             self.went_down(err)
-            self._append(entry)
+            self._append({**entry, "attempted": True})
 
     def went_down(self, err: BaseException) -> None:
         if not self.down:
@@ -196,7 +200,7 @@ class TrackingBuffer:
                     log.warning("MLflow: dropping buffered %s of run %s, refused by the server: %s", entry["op"],
                                 entry.get("run_id"), _first_line(err))  # fmt: skip
                     continue
-                self._rewrite(entries[done:])
+                self._rewrite([{**entry, "attempted": True}, *entries[done + 1 :]])
                 self.went_down(err)
                 return False
         self._rewrite([])
@@ -222,7 +226,12 @@ class TrackingBuffer:
                 run = self.client.create_run(entry["experiment_id"], run_name=entry["run_name"], tags=entry["tags"])
                 self._resolve(run_id, run.info.run_id)
         elif op == "log_batch":
-            self.client.log_batch(run_id, metrics=[Metric(*m) for m in entry["metrics"]],
+            metrics = [Metric(*m) for m in entry["metrics"]]
+            if entry.get("attempted") and metrics:  # sent once already: a timeout may hide that the server got it
+                logged = {(m.key, m.step) for key in {m.key for m in metrics}
+                          for m in self.client.get_metric_history(run_id, key)}  # fmt: skip
+                metrics = [m for m in metrics if (m.key, m.step) not in logged]
+            self.client.log_batch(run_id, metrics=metrics,
                                   params=[Param(*p) for p in entry["params"]],
                                   tags=[RunTag(*t) for t in entry["tags"]])  # fmt: skip
         elif op == "update_run":

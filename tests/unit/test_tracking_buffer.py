@@ -90,3 +90,20 @@ def test_a_half_written_last_line_is_dropped_and_an_edited_one_refused(tmp_path:
     path.write_text(f"{whole[:20]}\n{whole}\n")
     with pytest.raises(ValueError, match="line 1 is not JSON"):
         TrackingBuffer(path, "http://127.0.0.1:1").pending  # noqa: B018 - reading it is the point
+
+
+def test_a_replayed_write_that_may_have_arrived_logs_no_epoch_twice(tmp_path: Path) -> None:
+    """The write of epochs 1 and 2 was sent, the server stored epoch 1's point and the reply was lost; then the
+    trial's end queued behind it. The replay (here into a real sqlite store) adds epoch 2 only, then ends the run."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("replay")).info.run_id
+    client.log_batch(run_id, metrics=[Metric("test_acc", 0.25, 0, 1)])
+    path = tmp_path / "mlflow_buffer.jsonl"
+    sent = {"op": "log_batch", "run_id": run_id, "metrics": [["test_acc", 0.25, 0, 1], ["test_acc", 0.5, 0, 2]],
+            "params": [], "tags": [], "uri": uri, "attempted": True}  # fmt: skip
+    ended = {"op": "set_terminated", "run_id": run_id, "status": "FINISHED", "uri": uri}
+    path.write_text(f"{json.dumps(sent)}\n{json.dumps(ended)}\n")
+    assert TrackingBuffer(path, uri).flush(force=True)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "test_acc")) == [1, 2]
+    assert client.get_run(run_id).info.status == "FINISHED" and not path.exists()
