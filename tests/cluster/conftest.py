@@ -42,6 +42,26 @@ class RayNode:
     log: Path
     dashboard: str  # the head's Jobs API (http://127.0.0.1:PORT)
 
+    def kill(self) -> int:
+        """SIGKILL every process of this node, as a machine that dies: its process group, and whatever else descends
+        from it or shares its session (a Ray worker in its own group would otherwise keep training); the count."""
+        import psutil  # Ray's own dependency
+
+        root = psutil.Process(self.process.pid)
+        victims = {root, *root.children(recursive=True)}
+        for candidate in psutil.process_iter():
+            try:
+                if os.getsid(candidate.pid) == self.process.pid:
+                    victims.add(candidate)
+            except (ProcessLookupError, PermissionError):
+                continue
+        for victim in victims:
+            try:
+                victim.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                continue
+        return len(victims)
+
     def stop(self) -> None:
         """SIGTERM to this node's own process group (the node process stops its Ray processes), then SIGKILL."""
         if self.process.poll() is None:

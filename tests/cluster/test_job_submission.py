@@ -34,6 +34,7 @@ def test_the_sweep_submitted_as_a_job(cluster: TwoNodeCluster, cluster_project: 
     cluster_project.write_params(params)
     local = load_params(cluster_project.path / "params.yaml")  # what a run of these params here computes
     expected_name = experiment_name(local, prepared_data_hash(local, cluster_project.path))
+    expected_commit = git_commit(cluster_project.path)  # the workstation's at submission; the head has no .git
     outputs = cluster_project.path / "results/tune"
     for name in ("manifest.json", "metrics.json"):
         (outputs / name).unlink(missing_ok=True)
@@ -57,7 +58,6 @@ def test_the_sweep_submitted_as_a_job(cluster: TwoNodeCluster, cluster_project: 
 
     client = MlflowClient(mlflow_server.uri)
     parent = client.get_run(manifest["parent_run_id"])
-    expected_commit = git_commit(cluster_project.path)  # the workstation's; the head has no .git ("unknown")
     assert parent.data.tags["git_commit"] == expected_commit != "unknown"
     assert parent.data.tags["mlflow.source.git.commit"] == expected_commit
     children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")

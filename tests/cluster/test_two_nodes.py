@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -182,7 +180,7 @@ def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project
                          and t.get("tune.status") != "finished"]  # fmt: skip
             if on_worker and _epochs_logged(db, on_worker[0]):
                 victim = on_worker[0]
-                os.killpg(cluster.worker.process.pid, signal.SIGKILL)
+                killed = cluster.worker.kill()
             time.sleep(0.2)
         output, _ = stage.communicate(timeout=400)
         assert stage.returncode == 0, output[-6000:]
@@ -201,6 +199,6 @@ def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project
     assert killed_at == [1, 2, 3, 4]  # every epoch once: none lost, none logged twice
     assert runs[victim]["ray.node_ids"] == f"{killed_node},{cluster.head.node_id}"
     assert runs[victim]["ray.node_id"] == cluster.head.node_id
-    print(f"killed trial's run: nodes {runs[victim]['ray.node_ids']}, epochs {killed_at}, "
-          f"retries {runs[victim].get('tune.retries')}")  # fmt: skip
+    print(f"killed {killed} processes of the worker node; the trial's run: nodes {runs[victim]['ray.node_ids']}, "
+          f"epochs {killed_at}, retries {runs[victim].get('tune.retries')}")  # fmt: skip
     _wait_for_alive_nodes(cluster, 2, timeout_s=120)

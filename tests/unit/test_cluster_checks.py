@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -17,6 +19,14 @@ from pipeline.sweep.identity import code_hash
 from pipeline.trial.code_version import TrialCodeMismatch, check_trial_code
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def environment_put_back() -> Iterator[None]:
+    """``prepare_driver_env`` sets variables in ``os.environ`` itself (``RAY_AUTH_MODE``, the loopback variable);
+    left behind, they change how a later test's in-process Ray starts (its GCS then refused the test's own client)."""
+    with mock.patch.dict(os.environ):
+        yield
 
 
 @pytest.mark.parametrize(
