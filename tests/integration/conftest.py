@@ -43,43 +43,61 @@ def ray_address() -> Iterator[str]:
         ray.shutdown()
 
 
-@dataclass(frozen=True)
 class MlflowServer:
-    uri: str
-    process: subprocess.Popen
+    """A real ``mlflow server`` on a fixed 127.0.0.1 port and sqlite store under ``home``: a restart after ``kill``
+    is the same server (the outage tests stop and restart it)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.port = home, _free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Start it and wait until ``/health`` answers."""
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+        command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.home}/mlflow.db",
+                   "--artifacts-destination", str(self.home / "mlartifacts"), "--host", "127.0.0.1",
+                   "--port", str(self.port), "--workers", "1"]  # fmt: skip
+        with (self.home / "server.log").open("a") as log:
+            self.process = subprocess.Popen(command, cwd=self.home, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {(self.home / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.3)
+
+    def kill(self) -> None:
+        """Down at once, as a crashed server or a lost network (the server and its worker: our process group)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=20)
+
+    def stop(self) -> None:
+        """SIGTERM to the server and its uvicorn worker (our own process group), SIGKILL if they linger."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    home = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
-               "--artifacts-destination", str(home / "mlartifacts"), "--host", "127.0.0.1", "--port", str(port),
-               "--workers", "1"]  # fmt: skip
-    log = (home / "server.log").open("w")
-    process = subprocess.Popen(command, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(home / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-        yield MlflowServer(uri, process)
+        server.start()
+        yield server
     finally:
-        os.killpg(process.pid, signal.SIGTERM)  # the server and its uvicorn worker, by our own process group
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-        log.close()
+        server.stop()
 
 
 def tiny_params(**sweep: object) -> dict:
@@ -113,6 +131,23 @@ class Project:
 
     def dvc(self, *args: str) -> subprocess.CompletedProcess:
         return self.run("dvc", *args)
+
+    def interrupt_tune(self, experiment_dir: Path, checkpoint: int, stop: signal.Signals = signal.SIGINT,
+                       timeout_s: float = 120) -> tuple[int, str]:  # fmt: skip
+        """Start ``python -m stages.tune``, send it ``stop`` once a trial has saved ``checkpoint_<checkpoint>``
+        (0-based) under ``experiment_dir``; its exit code and output."""
+        stage = subprocess.Popen(["python", "-m", "stages.tune"], cwd=self.path, env=self.env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        name = f"checkpoint_{checkpoint:06d}"
+        deadline = time.monotonic() + timeout_s
+        while not list(experiment_dir.glob(f"*/{name}")):
+            if stage.poll() is not None or time.monotonic() > deadline:
+                stage.kill()
+                raise AssertionError(f"no {name} before the end:\n{stage.communicate()[0][-3000:]}")
+            time.sleep(0.1)
+        stage.send_signal(stop)
+        output, _ = stage.communicate(timeout=120)
+        return stage.returncode, output
 
 
 @pytest.fixture(scope="session")

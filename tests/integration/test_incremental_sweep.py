@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -108,17 +106,8 @@ def test_a_killed_trial_resumes_when_the_sweep_grows(project: Project, project_p
     project.write_params(params)
     tiny = load_params(project.path / "params.yaml")
     path = project.path / "results/ray" / experiment_name(tiny, prepared_data_hash(tiny, project.path))
-    first = subprocess.Popen(["python", "-m", "stages.tune"], cwd=project.path, env=project.env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list(path.glob("*/checkpoint_000002")):
-        if first.poll() is not None or time.monotonic() > deadline:
-            first.kill()
-            raise AssertionError(f"no third checkpoint before the end:\n{first.communicate()[0][-3000:]}")
-        time.sleep(0.1)
-    first.send_signal(signal.SIGINT)
-    output, _ = first.communicate(timeout=120)
-    assert first.returncode == 130, output[-3000:]
+    returncode, output = project.interrupt_tune(path, 2)
+    assert returncode == 130, output[-3000:]
     client = MlflowClient(params["tracking"]["uri"])
     experiment = client.get_experiment_by_name(params["tracking"]["experiment"]).experiment_id
     killed = client.search_runs([experiment], f"tags.params_hash = '{path.name.removeprefix('tune-')}'")

@@ -4,7 +4,6 @@ Ctrl-C while trials are still pending, and a trial whose failure a retry cannot 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -39,17 +38,8 @@ def test_ctrl_c_while_trials_are_pending_stops_cleanly(project: Project, project
     project_params["sweep"].update(resources={"cpu": 2, "gpu": 0}, fail_once_after_epoch=None)
     project.write_params(project_params)
     path = _experiment_dir(project)
-    stage = subprocess.Popen(["python", "-m", "stages.tune"], cwd=project.path, env=project.env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    deadline = time.monotonic() + 180
-    while not list(path.glob("*/checkpoint_000000")):
-        if stage.poll() is not None or time.monotonic() > deadline:
-            stage.kill()
-            raise AssertionError(f"no checkpoint before the end:\n{stage.communicate()[0][-3000:]}")
-        time.sleep(0.1)
-    stage.send_signal(signal.SIGINT)
-    output, _ = stage.communicate(timeout=120)
-    assert stage.returncode == 130, output[-3000:]
+    returncode, output = project.interrupt_tune(path, 0, timeout_s=180)
+    assert returncode == 130, output[-3000:]
     assert "Traceback" not in output and "TypeError" not in output, output[-3000:]
     assert "sweep interrupted" in output
     record = json.loads((path / "mlflow_parent_run.json").read_text())

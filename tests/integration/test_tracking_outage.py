@@ -7,13 +7,8 @@ once instead of after the default ~4 minutes; the training must go on, its write
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,53 +23,17 @@ from pipeline.sweep.tracking_buffer import BUFFER_FILE
 if TYPE_CHECKING:
     from conftest import Project
 
+from tests.integration.conftest import MlflowServer
+
 pytestmark = pytest.mark.slow
 
 EPOCHS = 5
-VENV_BIN = Path(sys.executable).parent
 TINY_RETRY_BUDGET = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
 
-class RestartableServer:
-    """A real ``mlflow server`` on a fixed 127.0.0.1 port and sqlite store, so a restart is the same server."""
-
-    def __init__(self, home: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.home, self.port = home, probe.getsockname()[1]
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-        command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.home}/mlflow.db",
-                   "--artifacts-destination", str(self.home / "mlartifacts"), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--workers", "1"]  # fmt: skip
-        with (self.home / "server.log").open("a") as log:
-            self.process = subprocess.Popen(command, cwd=self.home, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(self.home / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.3)
-
-    def kill(self) -> None:
-        """Down at once, as a crashed server or a lost network (the server and its worker: our process group)."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=20)
-
-
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[RestartableServer]:
-    mlflow = RestartableServer(tmp_path)
+def server(tmp_path: Path) -> Iterator[MlflowServer]:
+    mlflow = MlflowServer(tmp_path)
     mlflow.start()
     try:
         yield mlflow
@@ -87,7 +46,7 @@ def _start_tune(project: Project) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
-def _sweep(project: Project, params: dict, server: RestartableServer, seeds: list[int]) -> Path:
+def _sweep(project: Project, params: dict, server: MlflowServer, seeds: list[int]) -> Path:
     """One variant, ``EPOCHS`` epochs, one trial at a time, tracked by ``server``; the Ray experiment dir."""
     params["train"]["epochs"] = EPOCHS
     params["sweep"].update(
@@ -99,7 +58,7 @@ def _sweep(project: Project, params: dict, server: RestartableServer, seeds: lis
     return project.path / "results/ray" / experiment_name(loaded, prepared_data_hash(loaded, project.path))
 
 
-def _kill_after_first_epoch_logged(server: RestartableServer, stage: subprocess.Popen) -> int:
+def _kill_after_first_epoch_logged(server: MlflowServer, stage: subprocess.Popen) -> int:
     """Kill the server as soon as a trial's first epoch is in MLflow; the epochs logged by then."""
     client = MlflowClient(server.uri)
     deadline = time.monotonic() + 180
@@ -140,7 +99,7 @@ def _assert_runs_complete(client: MlflowClient, parent_run_id: str, experiment_i
 
 
 def test_an_outage_longer_than_the_retry_budget_loses_nothing(
-    project: Project, project_params: dict, server: RestartableServer
+    project: Project, project_params: dict, server: MlflowServer
 ) -> None:
     """Killed after epoch 1 is logged; the trial trains its other 4 epochs and ends while the server is down; the
     server comes back before the stage gives up: everything buffered is replayed in order, exit 0."""
@@ -163,7 +122,7 @@ def test_an_outage_longer_than_the_retry_budget_loses_nothing(
 
 
 def test_a_server_that_stays_down_ends_in_one_line_and_the_next_run_flushes(
-    project: Project, project_params: dict, server: RestartableServer
+    project: Project, project_params: dict, server: MlflowServer
 ) -> None:
     """Two trials one after the other: the server dies during the first, so the second starts (its run is created
     only when the buffer is replayed) and both end while it is down. The stage waits, then ends with one line,

@@ -208,17 +208,8 @@ def test_interrupted_sweep_restores(
     project.write_params(params)
     tiny = load_params(project.path / "params.yaml")
     path = project.path / "results/ray" / experiment_name(tiny, prepared_data_hash(tiny, project.path))
-    first = subprocess.Popen(["python", "-m", "stages.tune"], cwd=project.path, env=project.env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list(path.glob("*/checkpoint_000001")):
-        if first.poll() is not None or time.monotonic() > deadline:
-            first.kill()
-            raise AssertionError(f"no second checkpoint before the end:\n{first.communicate()[0][-3000:]}")
-        time.sleep(0.1)
-    first.send_signal(stop)
-    output, _ = first.communicate(timeout=120)
-    assert first.returncode == 130, output[-3000:]
+    returncode, output = project.interrupt_tune(path, 1, stop)
+    assert returncode == 130, output[-3000:]
     record = json.loads((path / "mlflow_parent_run.json").read_text())
     client = MlflowClient(record["tracking_uri"])
     before = {r.info.run_id: r for r in children(client, record)}
