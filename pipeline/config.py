@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -154,7 +155,8 @@ class SweepConfig(_Section):
     retrain: bool = False
     # None: RAY_ADDRESS if set, else a local Ray. "auto" or "host:port": attach to that cluster.
     ray_address: str | None = None
-    # Ray results (checkpoints to restore from); relative paths resolve against the project root.
+    # Ray results (checkpoints to restore from): a path (relative paths resolve against the project root) or a
+    # pyarrow file-system URI, e.g. s3://bucket/ray?endpoint_override=host:9000&scheme=http (credentials: environment).
     storage_path: Annotated[str, Field(min_length=1)] = "results/ray"
     # Tests only: each trial raises once, right after reporting this epoch, on its first attempt (not when resumed
     # from a checkpoint), to exercise retries. Part of the trial config and of its MLflow params, never a hidden switch.
@@ -171,12 +173,22 @@ class SweepConfig(_Section):
 
     @field_validator("storage_path")
     @classmethod
-    def _a_file_system_path(cls, path: str) -> str:
-        """The driver reads and writes the sweep's own files (parent run record, plan) and trial checkpoints there as
-        local files: a bucket URI would silently become a folder named ``s3:`` in the project."""
-        if "://" in path:
-            raise ValueError(f"{path!r}: URIs are not supported yet; mount the bucket (s3fs, gcsfuse) or use a shared "
-                             "file system and give its path")  # fmt: skip
+    def _a_path_or_file_system_uri(cls, path: str) -> str:
+        """A URI must name a file system pyarrow opens, without credentials in it (it is recorded in MLflow and the
+        manifests). Nothing is contacted here: the tune stage's preflight writes and reads a marker there."""
+        if "://" not in path:
+            return path
+        parts = urlsplit(path)
+        if parts.scheme not in FILE_SYSTEM_SCHEMES:
+            raise ValueError(f"{path!r}: {parts.scheme}:// is not a file system pyarrow opens; give a path or a URI "
+                             f"with one of {', '.join(FILE_SYSTEM_SCHEMES)}")  # fmt: skip
+        if parts.password or (parts.username and parts.scheme in ("s3", "gs", "gcs")):
+            raise ValueError(f"{parts.scheme}://...: credentials do not belong in the URI (it is recorded in MLflow "
+                             "and the manifests); give them through the environment of every node "
+                             "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, an instance role, "
+                             "GOOGLE_APPLICATION_CREDENTIALS)")  # fmt: skip
+        if not (parts.netloc if parts.scheme != "file" else parts.path.startswith("/")):
+            raise ValueError(f"{path!r}: name the bucket (or host), e.g. s3://bucket/ray, or file:///absolute/path")
         return path
 
 
@@ -228,6 +240,9 @@ class TrackingConfig(_Section):
         return uri
 
 
+# What pyarrow.fs.FileSystem.from_uri opens (and so Ray Tune's storage_path): S3 and S3-compatible stores, Google Cloud
+# Storage, HDFS, Azure (ADLS Gen2), local files.
+FILE_SYSTEM_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "file")
 # Tracking stores MLflow 3 accepts: a tracking server, or a database it migrates itself.
 TRACKING_SCHEMES = {"http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks"}
 

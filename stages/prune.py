@@ -45,6 +45,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     from pipeline.prune.plan import check_fresh, format_plans, local_sources, plan_pruning, select_sources
     from pipeline.sweep import tracking
     from pipeline.sweep.plan import storage_dir
+    from pipeline.sweep.storage import driver_dir
 
     manifest = read_tune_manifest(TUNE_MANIFEST, root)  # a DVC dep: in the workspace; its paths name the project
     check_fresh(params, manifest, TUNE_MANIFEST, Path.cwd())
@@ -54,7 +55,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         if params.tracking.uri is None and manifest.tracking_uri == tracking.tracking_uri(params.tracking, root):
             tracking.prepare_store(manifest.tracking_uri, root / ARTIFACTS_DIR)  # a copied or moved project's own
         tracking.check_runs_exist(manifest.tracking_uri, [s.run_id for s in sources], TUNE_MANIFEST)
-        cache = storage_dir(params, root) / "downloaded-checkpoints"
+        cache = driver_dir(storage_dir(params, root), root) / "downloaded-checkpoints"
         sources = local_sources(sources, manifest.tracking_uri, cache, TUNE_MANIFEST)
     plans = [plan_pruning(params, source) for source in sources]
     from pipeline.prune.run import prune_decisions, run_prune

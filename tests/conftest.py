@@ -11,6 +11,8 @@ import os
 import pickle
 import struct
 import tarfile
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,11 @@ keep_local_ray_on_loopback()
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# Buckets in tests are served by a local S3-compatible server (``s3``): credentials it accepts, set before any Ray
+# starts so its workers inherit them (as a cluster's nodes get theirs), and the AWS SDK never asks a metadata service.
+for _key, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_EC2_METADATA_DISABLED": "true"}.items():  # fmt: skip
+    os.environ[_key] = _value
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -103,3 +110,57 @@ def write_tiny_cifar10(directory: Path, per_batch: int = 4, seed: int = 0) -> Ti
 @pytest.fixture
 def tiny_cifar10(tmp_path: Path) -> TinyCifar10:
     return write_tiny_cifar10(tmp_path / "cifar")
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """An empty bucket on the session's S3-compatible server: ``uri(path)`` is what ``sweep.storage_path`` takes."""
+
+    name: str
+    endpoint: str  # 127.0.0.1:<port>
+
+    def uri(self, path: str = "") -> str:
+        return f"s3://{self.name}/{path}?endpoint_override={self.endpoint}&scheme=http&region=us-east-1"
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every object under ``prefix`` (a path in the bucket), relative to the bucket."""
+        import pyarrow.fs as pafs
+
+        fs, root = pafs.FileSystem.from_uri(self.uri(prefix))
+        listed = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        return sorted(i.path.removeprefix(f"{self.name}/") for i in listed if i.type == pafs.FileType.File)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3-compatible HTTP server on 127.0.0.1 (moto's): pyarrow's S3 client, and so Ray Tune's storage, talk
+    to it as to AWS S3. Started once per session, stopped at its end."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def new_bucket(s3_endpoint: str) -> Callable[[], Bucket]:
+    """Makes a bucket no test has used yet (for a module's fixture; a test takes ``bucket``)."""
+    import pyarrow.fs as pafs
+
+    def make() -> Bucket:
+        made = Bucket(f"test-{uuid.uuid4().hex[:12]}", s3_endpoint)
+        fs, _ = pafs.FileSystem.from_uri(f"{made.uri()}&allow_bucket_creation=true")
+        fs.create_dir(made.name)
+        return made
+
+    return make
+
+
+@pytest.fixture
+def bucket(new_bucket: Callable[[], Bucket]) -> Bucket:
+    """A new bucket per test, so tests never see each other's objects."""
+    return new_bucket()

@@ -23,6 +23,7 @@ from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.models.pruning import covariance_geometry, head_decisions, prune_model, pruned_per_layer
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest
+from pipeline.sweep.storage import StoragePath
 from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
 from pipeline.trial.report import CHECKPOINT_FILE
 
@@ -79,14 +80,19 @@ def select_sources(params: Params, manifest: TuneManifest) -> tuple[list[TrialRe
 
 def local_sources(sources: list[TrialRecord], tracking_uri: str, cache_dir: Path,
                   manifest_path: Path) -> list[TrialRecord]:  # fmt: skip
-    """The sources with a checkpoint on this disk: the Ray copy (``sweep.storage_path``) where it still exists, else
+    """The sources with a checkpoint on this disk: the Ray copy (``sweep.storage_path``; downloaded into
+    ``cache_dir/<run id>`` from a bucket) where it still exists, else
     the run's ``checkpoint`` artifact downloaded through MLflow into ``cache_dir/<run id>`` (a reused run from an
     earlier sweep whose Ray results were deleted, or another machine's run); refused before any expensive work when
     neither exists."""
     local = []
     for trial in sources:
-        if trial.checkpoint_dir and (Path(trial.checkpoint_dir) / CHECKPOINT_FILE).is_file():
-            local.append(trial)
+        stored = StoragePath(trial.checkpoint_dir) if trial.checkpoint_dir else None
+        if stored is not None and (stored / CHECKPOINT_FILE).is_file():
+            if stored.remote:  # in the bucket (sweep.storage_path): a copy on this disk to load and prune
+                log.info("%s seed %d: downloading its checkpoint from %s", trial.variant, trial.seed, stored)
+                stored = StoragePath(stored.download(cache_dir / str(trial.run_id)))
+            local.append(dataclasses.replace(trial, checkpoint_dir=str(stored)))
             continue
         if not trial.artifacts.get("checkpoint"):
             raise FileNotFoundError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from pipeline.sweep.manifest import ERROR, FINISHED, INTERRUPTED, TrialRecord, T
 from pipeline.sweep.plan import storage_dir
 from pipeline.sweep.reuse import KEY_TAG, REUSE, TrialPlan, decide, find_runs, read_plan, write_plan
 from pipeline.sweep.run import fit_tracked, trial_config, trial_run_info
+from pipeline.sweep.storage import StoragePath, driver_dir
 from pipeline.sweep.summary import register_best_models
 from pipeline.sweep.tracking_buffer import flush_buffers
 from pipeline.trial.checkpoint import save_model_checkpoint
@@ -114,10 +116,11 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
         empty = PruneManifest("", "", tune_manifest.experiment_name, tune_manifest.tracking_uri,
                               tune_manifest.experiment_id, "", rule, [], skipped)  # fmt: skip
         return PruneOutcome(empty)
-    flush_buffers(storage_dir(params, project_root))  # MLflow writes an outage left buffered, before reuse reads runs
+    storage = storage_dir(params, project_root)
+    flush_buffers(driver_dir(storage, project_root))  # MLflow writes an outage left buffered, before reuse reads runs
     keys = {plan.key: prune_key(params, plan) for plan in plans}
     name = prune_name(list(keys.values()))
-    path = storage_dir(params, project_root) / name
+    path = storage / name
     uri = tune_manifest.tracking_uri
     client = MlflowClient(uri)
     tuned = finetune_params(params)
@@ -135,9 +138,8 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
     trials = []
     for plan in to_train:
         loss, accuracy = _evaluate(plan, on_device, params)
-        pruned_dir = path / "pruned" / plan.key
-        save_model_checkpoint(pruned_dir, plan.model, params.model_for(plan.source.variant),
-                              image_shape=plan.image_shape, num_classes=plan.num_classes)  # fmt: skip
+        pruned_dir = path / "pruned" / plan.key  # where every node's fine-tuning trial reads it (init_from)
+        _save_pruned(pruned_dir, plan, params)
         log.info("%s: heads cut per layer %s; params %s -> %s; test acc %.4f -> %.4f right after pruning", plan.key,
                  plan.pruned_heads, f"{plan.params_before:,}", f"{plan.params_after:,}",
                  plan.source.metrics.get("test_acc", float("nan")), accuracy)  # fmt: skip
@@ -161,7 +163,8 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
     write_plan(path, decided)
     run_info = functools.partial(finetune_run_info, params_json=tuned.model_dump(mode="json"),
                                  data_hash=content_hash(data), plans=summaries)  # fmt: skip
-    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, tuned.train.epochs, buffer_dir=path)
+    buffer_dir = driver_dir(storage, project_root) / name  # the outage buffer: on this disk, beside the experiment
+    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, tuned.train.epochs, None, buffer_dir, storage)
     records = fit_tracked(tuned, data, path, sweep, callback, restore=restore, trials=trials) if trials else []
     by_key = {f"{r.variant}-seed{r.seed}": r for r in records}
     models = [
@@ -189,6 +192,22 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
                               {"prune.models": str(len(models)),
                                "prune.models_reused": str(sum(m.reused for m in models))}, callback.buffer)  # fmt: skip
     return outcome
+
+
+def _save_pruned(where: StoragePath, plan: PrunePlan, params: Params) -> None:
+    """The pruned model as a checkpoint folder at ``where``: written in place, or staged on this disk and uploaded
+    when the storage is a bucket."""
+
+    def save(folder: Path) -> None:
+        save_model_checkpoint(folder, plan.model, params.model_for(plan.source.variant), image_shape=plan.image_shape,
+                              num_classes=plan.num_classes)  # fmt: skip
+
+    if not where.remote:
+        save(where.local)
+        return
+    with tempfile.TemporaryDirectory(prefix="pruned-") as staging:
+        save(Path(staging))
+        where.upload(Path(staging))
 
 
 def _reused_model(plan: PrunePlan, client: MlflowClient, decided: TrialPlan) -> PrunedModel:

@@ -1,8 +1,9 @@
 """What a multi-node cluster must offer before a sweep starts, proved on every alive node before any MLflow run exists.
 
-- **Shared storage**: Ray keeps checkpoints under ``sweep.storage_path`` and, since Ray 2.7, never copies them
-  between nodes. A node that does not see that path fails its trials with "Unable to set up cluster storage" (each
-  failure burns one of ``sweep.max_failures``) and a retried trial cannot find its checkpoint. The probe: the driver
+- **Shared storage**: Ray keeps checkpoints under ``sweep.storage_path`` (a shared file system or a bucket) and,
+  since Ray 2.7, never copies them between nodes. A node that does not see that path fails its trials with "Unable
+  to set up cluster storage" (each failure burns one of ``sweep.max_failures``) and a retried trial cannot find its
+  checkpoint. The probe: the driver
   writes a marker, a tiny task pinned to each node reads it and writes its own, the driver reads those back.
 - **The driver's trial code**: the same task hashes the trial code it imports there (shipped as the job's
   ``working_dir``); a node importing another copy of the project would train something else.
@@ -17,19 +18,20 @@ import logging
 import signal
 import threading
 import uuid
-from pathlib import Path
 from typing import Any
 
 from pipeline.config import Params
 from pipeline.sweep.identity import PROJECT_ROOT, code_hash
 from pipeline.sweep.session import code_runtime_env
+from pipeline.sweep.storage import StoragePath
 
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 120.0  # a node's first task sets up the runtime env (unpacks the code): seconds, more on a busy node
 SHARED_HELP = (
     "on a multi-node cluster it must be one file system mounted at the same path on every node (NFS, EFS, Lustre, "
-    "a CephFS mount) so trials can write and restore their checkpoints anywhere"
+    "a CephFS mount) or a bucket every node can reach with its own credentials (s3://bucket/ray), so trials can "
+    "write and restore their checkpoints anywhere"
 )
 
 
@@ -43,35 +45,39 @@ def check_tracking_store(params: Params, uri: str, nodes: int) -> None:
         )
 
 
-def node_view(storage: str, marker: str, token: str) -> dict[str, Any]:
-    """Run on one node: does it see the driver's marker, can it leave its own, which trial code does it import."""
+def node_view(storage: StoragePath, marker: str, token: str) -> dict[str, Any]:
+    """Run on one node: does it see the driver's marker, can it leave its own, which trial code does it import. A
+    bucket is opened with the node's own credentials, as its trials will."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
-    path = Path(storage) / marker
-    seen = path.is_file() and path.read_text() == token
     try:
-        (Path(storage) / f"{marker}.{node}").write_text(token)
+        path = storage / marker
+        seen = path.is_file() and path.read_text() == token
+    except OSError:  # a bucket this node cannot read (credentials, network): reported as not seen
+        seen = False
+    try:
+        (storage / f"{marker}.{node}").write_text(token)
         wrote = ""
     except OSError as err:
         wrote = f"{type(err).__name__}: {err}"
     return {"node_id": node, "ip": ray.util.get_node_ip_address(), "seen": seen, "wrote": wrote, "code": code_hash()}
 
 
-def probe_nodes(storage: Path, timeout_s: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]]:
+def probe_nodes(storage: StoragePath, timeout_s: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]]:
     """One ``node_view`` task pinned to every alive node of the connected cluster; the marker files are removed."""
     import ray
     from ray.exceptions import GetTimeoutError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    storage.mkdir(parents=True, exist_ok=True)
+    storage.mkdir()
     marker, token = f".storage-probe-{uuid.uuid4().hex}", uuid.uuid4().hex
     (storage / marker).write_text(token)
     task = ray.remote(num_cpus=0, max_retries=0)(node_view)  # num_cpus=0: runs even while trials hold every CPU
     nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
     try:
         pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-                   .remote(str(storage), marker, token) for node in nodes]  # fmt: skip
+                   .remote(storage, marker, token) for node in nodes]  # fmt: skip
         try:
             views = ray.get(pending, timeout=timeout_s)
         except GetTimeoutError:
@@ -84,11 +90,11 @@ def probe_nodes(storage: Path, timeout_s: float = PROBE_TIMEOUT_S) -> list[dict[
             view["driver_sees_reply"] = reply.is_file() and reply.read_text() == token
         return views
     finally:
-        for path in storage.glob(f"{marker}*"):
-            path.unlink(missing_ok=True)
+        for path in [storage / marker, *(storage / f"{marker}.{node}" for node in nodes)]:
+            path.delete()
 
 
-def check_views(views: list[dict[str, Any]], storage: Path, driver_code: str) -> None:
+def check_views(views: list[dict[str, Any]], storage: StoragePath, driver_code: str) -> None:
     """Raise naming the key for the first node that does not share the storage or runs other trial code."""
     for view in views:
         node = f"node {view['ip']} ({view['node_id'][:8]})"
@@ -107,7 +113,7 @@ def check_views(views: list[dict[str, Any]], storage: Path, driver_code: str) ->
             )
 
 
-def check_cluster(params: Params, address: str, storage: Path, uri: str, nodes: int) -> None:
+def check_cluster(params: Params, address: str, storage: StoragePath, uri: str, nodes: int) -> None:
     """Before the sweep on a cluster of ``nodes`` alive nodes: one tracking store, shared storage, the driver's code
     on every node. Connects with the sweep's runtime env and disconnects; the stage connects again for the sweep."""
     if nodes < 2:

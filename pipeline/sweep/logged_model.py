@@ -96,11 +96,12 @@ def log_trial_model(tracking_uri: str, run_id: str, checkpoint_dir: Path, datase
 
 
 def log_checkpoint(client: MlflowClient, tracking_uri: str, run_id: str, checkpoint_dir: Path,
-                   dataset: PreparedDataset | None) -> None:  # fmt: skip
+                   dataset: PreparedDataset | None, location: str | None = None) -> None:  # fmt: skip
     """A trial's checkpoint folder (``checkpoint.pt``, ``head_history.json``) as artifact ``checkpoint/`` of run
-    ``run_id``, and its final model: tags ``tune.checkpoint`` (the folder) and ``model_uri``."""
+    ``run_id``, and its final model: tags ``tune.checkpoint`` (the folder, or ``location``: where it is kept when
+    ``checkpoint_dir`` is a downloaded copy) and ``model_uri``."""
     client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
-    client.set_tag(run_id, CHECKPOINT_TAG, str(checkpoint_dir))
+    client.set_tag(run_id, CHECKPOINT_TAG, location or str(checkpoint_dir))
     model_uri = log_trial_model(tracking_uri, run_id, checkpoint_dir, dataset)
     client.set_tag(run_id, MODEL_URI_TAG, model_uri)
 

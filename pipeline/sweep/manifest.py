@@ -99,16 +99,16 @@ def read_tune_manifest(path: Path, project_root: Path) -> TuneManifest:
 
 
 def portable_path(path: str | None, project_root: Path) -> str | None:
-    """``path`` relative to ``project_root`` (POSIX form) when it lies inside it, else as given."""
-    if not path or not Path(path).is_absolute():
+    """``path`` relative to ``project_root`` (POSIX form) when it lies inside it, else as given (a URI too)."""
+    if not path or "://" in path or not Path(path).is_absolute():
         return path
     absolute, root = Path(path).resolve(), project_root.resolve()
     return absolute.relative_to(root).as_posix() if absolute.is_relative_to(root) else path
 
 
 def resolved_path(path: str | None, project_root: Path) -> str | None:
-    """A manifest's path as an absolute one: a relative path lies in ``project_root``."""
-    return str(project_root.resolve() / path) if path and not Path(path).is_absolute() else path
+    """A manifest's path as an absolute one: a relative path lies in ``project_root``; a URI (a bucket) as it is."""
+    return str(project_root.resolve() / path) if path and "://" not in path and not Path(path).is_absolute() else path
 
 
 def portable_uri(uri: str, project_root: Path) -> str:

@@ -16,20 +16,23 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 
 from pipeline.config import Params
-from pipeline.io import check_creatable_dir, check_tracking_server
+from pipeline.io import check_tracking_server
 from pipeline.sweep import tracking
 from pipeline.sweep.cluster import check_cluster
 from pipeline.sweep.identity import experiment_name, prepared_data_hash, trial_key
 from pipeline.sweep.reuse import REUSE, TrialPlan, plan_trials, read_plan
 from pipeline.sweep.session import check_attachable, check_fits, local_capacity, ray_address
+from pipeline.sweep.storage import StoragePath, check_storage, is_uri
 
 METRIC, MODE = "test_acc", "max"  # the one place the sweep's objective is named (ASHA, best trial)
 
 
-def storage_dir(params: Params, project_root: Path) -> Path:
-    """Absolute Ray results dir: a relative ``sweep.storage_path`` resolves against the project root."""
+def storage_dir(params: Params, project_root: Path) -> StoragePath:
+    """The Ray results folder: a URI as given, a relative ``sweep.storage_path`` resolved against the project root."""
+    if is_uri(params.sweep.storage_path):
+        return StoragePath(params.sweep.storage_path)
     path = Path(params.sweep.storage_path).expanduser()
-    return (path if path.is_absolute() else project_root / path).resolve()
+    return StoragePath((path if path.is_absolute() else project_root / path).resolve())
 
 
 def trial_grid(params: Params) -> list[dict[str, Any]]:
@@ -59,7 +62,7 @@ def preflight(params: Params, project_root: Path) -> None:
         nodes = check_attachable(address)
     storage = storage_dir(params, project_root)
     try:
-        check_creatable_dir(storage)
+        check_storage(storage)
     except ValueError as err:
         raise ValueError(f"sweep.storage_path: {err}") from None
     uri = tracking.tracking_uri(params.tracking, project_root)

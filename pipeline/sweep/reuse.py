@@ -6,7 +6,8 @@ identity (``identity.trial_key``). So before Ray starts, the driver looks every 
 - a FINISHED run that trained all ``train.epochs`` and uploaded its checkpoint to MLflow is **reused**: not trained
   again, listed in the manifest with its run (later stages download its checkpoint when the Ray copy is gone);
 - otherwise a run that stopped early (killed, failed, stopped by ASHA, left RUNNING by a killed driver) whose Ray
-  trial folder (``ray.trial_path``) still holds a checkpoint that loads is **resumed**: the new trial starts from
+  trial folder (``ray.trial_path``: a path, or a URI when ``sweep.storage_path`` is a bucket) still holds a checkpoint
+  that loads is **resumed**: the new trial starts from
   that checkpoint and continues the same MLflow run, so there is one run per trial identity however many
   ``dvc repro`` runs it took;
 - anything else **trains** from scratch (and ``sweep.retrain`` trains everything anew).
@@ -18,14 +19,13 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from pipeline.io import write_json_atomic
 from pipeline.sweep.manifest import FINISHED
+from pipeline.sweep.storage import StoragePath
 from pipeline.trial.report import CHECKPOINT_FILE
 
 log = logging.getLogger(__name__)
@@ -79,14 +79,15 @@ def is_complete(run: Run, epochs: int) -> bool:
     )  # fmt: skip
 
 
-def newest_checkpoint(trial_path: Path) -> tuple[Path, int] | None:
-    """The newest ``checkpoint_*`` dir under a Ray trial folder whose checkpoint loads, with its epoch; a checkpoint
-    that does not load (truncated by a crash) is skipped, naming the file."""
+def newest_checkpoint(trial_path: StoragePath) -> tuple[StoragePath, int] | None:
+    """The newest ``checkpoint_*`` dir under a Ray trial folder (local or in a bucket) whose checkpoint loads, with
+    its epoch; a checkpoint that does not load (truncated by a crash) is skipped, naming the file."""
     from pipeline.trial.checkpoint import CorruptCheckpointError, load_checkpoint  # torch: only when resuming
 
-    for directory in sorted(trial_path.glob("checkpoint_*"), reverse=True):
+    for directory in reversed(trial_path.subdirs("checkpoint_")):
         try:
-            return directory, int(load_checkpoint(directory)["epoch"])
+            with directory.as_local() as local:
+                return directory, int(load_checkpoint(local)["epoch"])
         except (FileNotFoundError, CorruptCheckpointError) as err:  # fall back to the previous checkpoint
             log.warning("not resuming from %s: %s", directory, err)
     return None
@@ -100,14 +101,14 @@ def decide(variant: str, seed: int, key: str, runs: list[Run], epochs: int, *, r
     for run in runs:
         if is_complete(run, epochs):  # its checkpoint is in MLflow; the Ray copy may have been deleted
             checkpoint = run.data.tags["tune.checkpoint"]
-            local = checkpoint if (Path(checkpoint) / CHECKPOINT_FILE).is_file() else None
+            local = checkpoint if (StoragePath(checkpoint) / CHECKPOINT_FILE).is_file() else None
             return TrialPlan(variant, seed, key, REUSE, run.info.run_id, local, epochs)
     best: TrialPlan | None = None
     for run in runs:
         trial_path = run.data.tags.get(TRIAL_PATH_TAG)
         if not trial_path:
             continue
-        found = newest_checkpoint(Path(trial_path))
+        found = newest_checkpoint(StoragePath(trial_path))
         if found is not None and 0 < found[1] < epochs and (best is None or found[1] > best.epoch):
             best = TrialPlan(variant, seed, key, RESUME, run.info.run_id, str(found[0]), found[1])
     return best or TrialPlan(variant, seed, key, TRAIN)
@@ -129,11 +130,12 @@ def format_plans(plans: list[TrialPlan]) -> str:
     return ", ".join(f"{action} {n}" for action, n in counts.items())
 
 
-def write_plan(experiment_dir: Path, plans: list[TrialPlan]) -> None:
+def write_plan(experiment_dir: StoragePath, plans: list[TrialPlan]) -> None:
     """Kept next to the Ray experiment: a restored sweep lists the same reused runs as the run that planned it."""
-    write_json_atomic(experiment_dir / PLAN_FILE, [plan.to_dict() for plan in plans])
+    payload = [plan.to_dict() for plan in plans]
+    (experiment_dir / PLAN_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
-def read_plan(experiment_dir: Path) -> list[TrialPlan] | None:
+def read_plan(experiment_dir: StoragePath) -> list[TrialPlan] | None:
     path = experiment_dir / PLAN_FILE
     return [TrialPlan(**item) for item in json.loads(path.read_text())] if path.is_file() else None

@@ -43,6 +43,7 @@ from pipeline.sweep.plan import METRIC, MODE, preflight, storage_dir, sweep_plan
 from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import KEY_TAG, RESUME, REUSE, TrialPlan, read_plan, write_plan
 from pipeline.sweep.session import ray_session
+from pipeline.sweep.storage import StoragePath, driver_dir
 from pipeline.sweep.submit import SubmittedJob
 from pipeline.sweep.summary import publish_sweep
 from pipeline.sweep.tracking_buffer import FINAL_WAIT_S, flush_buffers, is_outage
@@ -107,7 +108,7 @@ class SweepOutcome:
 def build_tuner(
     params: Params,
     data: PreparedData,
-    path: Path,
+    path: StoragePath,
     callback: tracking.MlflowTrialCallback,
     *,
     restore: bool,
@@ -180,10 +181,11 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path, *,
     (``location.store_root``). ``submitted``: this driver is a Ray job submitted from a workstation
     (``pipeline.sweep.submit``), whose commit and submission id the runs record."""
     preflight(params, project_root)
-    flush_buffers(storage_dir(params, project_root))  # reuse and restore read the runs: bring them up to date first
+    storage = storage_dir(params, project_root)
+    flush_buffers(driver_dir(storage, project_root))  # reuse and restore read the runs: bring them up to date first
     data_hash = content_hash(data)
     name = experiment_name(params, data_hash)
-    path = storage_dir(params, project_root) / name
+    path = storage / name
     restored = tune.Tuner.can_restore(str(path))
     uri = tracking.tracking_uri(params.tracking, project_root)
     commit = submitted.git_commit if submitted else tracking.git_commit(project_root)
@@ -204,7 +206,9 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path, *,
     log.info("sweep %s: %s", name, ", ".join(f"{p.variant} seed {p.seed}: {p.describe()}" for p in plans))
     run_info = functools.partial(trial_run_info, params_json=params.model_dump(mode="json"), data_hash=data_hash)
     dataset = PreparedDataset.of(params.data, data_hash, project_root)
-    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs, dataset, buffer_dir=path)
+    buffer_dir = driver_dir(storage, project_root) / name  # the outage buffer: on this disk, beside the experiment
+    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs, dataset, buffer_dir,
+                                            storage)  # fmt: skip
     reused = reused_records(sweep, plans)  # read now, while the server is known to answer
     records = fit_tracked(params, data, path, sweep, callback, restore=restored, trials=to_train) if to_train else []
     records = sorted(records + reused, key=lambda r: (r.variant, r.seed))
@@ -253,7 +257,7 @@ def reused_records(sweep: tracking.SweepRun, plans: list[TrialPlan]) -> list[Tri
 def fit_tracked(
     params: Params,
     data: PreparedData,
-    path: Path,
+    path: StoragePath,
     sweep: tracking.SweepRun,
     callback: tracking.MlflowTrialCallback,
     *,
@@ -299,7 +303,7 @@ def trial_records(
             run = (found.info.run_id, found.info.run_name, found.data.tags) if found is not None else None
             outcome = tracking.trial_outcome(found)
         status = ERROR if result.error is not None else outcome
-        checkpoint = result.checkpoint.path if result.checkpoint is not None else None
+        checkpoint = str(callback.location_of(result.checkpoint.path)) if result.checkpoint is not None else None
         records.append(_record(trial_id, run, result.config["variant"], int(result.config["seed"]), status,
                                result.metrics, checkpoint))  # fmt: skip
     return records
@@ -321,8 +325,8 @@ def _record(trial_id: str, run: tuple[str, str | None, dict[str, str]] | None, v
             metrics: dict[str, Any], checkpoint: str | None) -> TrialRecord:  # fmt: skip
     """A manifest record from a trial's last metrics and checkpoint and its MLflow run (id, name, tags)."""
     run_id, run_name, tags = run if run is not None else (None, None, {})
-    history = str(Path(checkpoint) / HEAD_HISTORY_FILE) if checkpoint else None
-    history = history if history and Path(history).is_file() else None
+    history = StoragePath(checkpoint) / HEAD_HISTORY_FILE if checkpoint else None
+    history = str(history) if history and history.is_file() else None
     artifacts = {}
     if run_id is not None and "tune.checkpoint" in tags:  # set only once the upload succeeded
         base = f"runs:/{run_id}/checkpoint"

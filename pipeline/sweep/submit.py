@@ -89,10 +89,11 @@ def check_submittable(params: Params, project_root: Path) -> Path | None:
         )
     check_tracking_server(uri, "tracking.uri")
     storage = params.sweep.storage_path
-    if not Path(storage).expanduser().is_absolute():
+    if "://" not in storage and not Path(storage).expanduser().is_absolute():
         raise ValueError(
             f"sweep.storage_path: {storage!r} is relative; a job would resolve it inside its temporary folder on "
-            "the head, which Ray deletes (nothing could resume); give a path every node shares, e.g. /mnt/shared/ray"
+            "the head, which Ray deletes (nothing could resume); give a path every node shares, e.g. /mnt/shared/ray, "
+            "or a bucket, e.g. s3://bucket/ray"
         )
     prepared = (project_root / params.data.prepared_dir).resolve()
     if not prepared.is_relative_to(project_root.resolve()):

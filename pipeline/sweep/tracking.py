@@ -40,6 +40,7 @@ from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root
 from pipeline.sweep.logged_model import PreparedDataset
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
 from pipeline.sweep.reuse import TRIAL_PATH_TAG
+from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking_buffer import BUFFER_FILE, PLACEHOLDER, TrackingBuffer, is_outage
 from pipeline.trial.checkpoint import checkpoint_loads, load_checkpoint
 from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError
@@ -199,7 +200,7 @@ def store_key(uri: str, project_root: Path) -> str:
 def open_sweep_run(
     uri: str,
     experiment: str,
-    experiment_dir: Path,
+    experiment_dir: StoragePath,
     *,
     run_name: str,
     tags: dict[str, str],
@@ -226,17 +227,14 @@ def open_sweep_run(
     run = client.create_run(experiment_id, run_name=run_name, tags={**context_tags(), **tags})
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
     sweep = SweepRun(uri, experiment_id, run.info.run_id)
-    experiment_dir.mkdir(parents=True, exist_ok=True)
-    tmp = record.with_suffix(".tmp")
     saved = {"tracking_uri": uri, "store": store_key(uri, project_root), "experiment_id": experiment_id,
              "parent_run_id": sweep.parent_run_id}  # fmt: skip
-    tmp.write_text(json.dumps(saved))
-    tmp.replace(record)
+    record.write_text(json.dumps(saved))
     log.info("MLflow: sweep run %s in experiment %r (%s)", sweep.parent_run_id, experiment, uri)
     return sweep
 
 
-def sweep_finished(experiment_dir: Path, uri: str) -> bool:
+def sweep_finished(experiment_dir: StoragePath, uri: str) -> bool:
     """Whether the parent run recorded in ``experiment_dir`` ended FINISHED in the store at ``uri`` (False when it
     cannot be told)."""
     record = experiment_dir / PARENT_FILE
@@ -350,6 +348,7 @@ class MlflowTrialCallback(Callback):
         epochs: int,
         dataset: PreparedDataset | None = None,
         buffer_dir: Path | None = None,
+        storage: StoragePath | None = None,
     ) -> None:
         self.sweep = sweep
         self.run_info = run_info
@@ -357,6 +356,7 @@ class MlflowTrialCallback(Callback):
         self.dataset = dataset  # logged as every trial's input when it ends
         self.epochs = epochs  # a trial that completes before this many epochs was stopped early (ASHA)
         self.buffer_file = buffer_dir / BUFFER_FILE if buffer_dir is not None else None  # None: outages raise
+        self.storage = storage  # where Tune keeps the trials: their folders are recorded as locations to reopen
         self.runs: dict[str, str] = {}  # trial_id -> run_id: the state that survives restore
         self.last_epoch: dict[str, int] = {}
         self._logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
@@ -446,7 +446,8 @@ class MlflowTrialCallback(Callback):
         if run_id is not None:  # a retry, a restored sweep or a trial resumed from an earlier sweep: continue its run
             self.runs[trial.trial_id] = run_id
             self.buffer.update_run(run_id, "RUNNING")
-            tags = {"tune.status": "running", "ray.trial_id": trial.trial_id, TRIAL_PATH_TAG: str(trial.path)}
+            tags = {"tune.status": "running", "ray.trial_id": trial.trial_id,
+                    TRIAL_PATH_TAG: str(self.location_of(trial.path))}  # fmt: skip
             self.buffer.set_tags(run_id, tags)
             parent = {} if from_earlier_sweep else {"mlflow.parentRunId": self.sweep.parent_run_id}
             self._remember(trial, {**tags, **parent})
@@ -456,9 +457,10 @@ class MlflowTrialCallback(Callback):
             if history is not None:
                 self._logged_through[trial.trial_id] = max((m.step for m in history), default=0)
                 if from_earlier_sweep:
-                    self._log_checkpoint_history(trial, run_id, Path(trial.config["resume_from"]))
+                    self._log_checkpoint_history(trial, run_id, StoragePath(trial.config["resume_from"]))
             elif from_earlier_sweep:  # unreadable: the checkpoint's epochs are in the run (none logged twice)
-                self._logged_through[trial.trial_id] = int(load_checkpoint(Path(trial.config["resume_from"]))["epoch"])
+                with StoragePath(trial.config["resume_from"]).as_local() as resumed:
+                    self._logged_through[trial.trial_id] = int(load_checkpoint(resumed)["epoch"])
             else:  # unreadable: what this driver reported is what the run has (logged, or queued in the buffer)
                 self._logged_through[trial.trial_id] = self.last_epoch.get(trial.trial_id, 0)
             log.info("MLflow: trial %s continues run %s", trial.trial_id, run_id)
@@ -469,7 +471,7 @@ class MlflowTrialCallback(Callback):
             "mlflow.parentRunId": self.sweep.parent_run_id,
             "ray.trial_id": trial.trial_id,
             "ray.trial_name": str(trial),
-            TRIAL_PATH_TAG: str(trial.path),  # where a later sweep finds its checkpoints to resume from
+            TRIAL_PATH_TAG: str(self.location_of(trial.path)),  # where a later sweep finds checkpoints to resume from
             "tune.status": "running",
         }  # fmt: skip
         run_id = self._create_run(trial.trial_id, described.run_name, tags)
@@ -485,6 +487,11 @@ class MlflowTrialCallback(Callback):
         self.runs[trial.trial_id] = run_id
         log.info("MLflow: trial %s -> run %s (%s)", trial.trial_id, run_id, described.run_name)
 
+    def location_of(self, fs_path: str) -> StoragePath:
+        """A trial's folder or checkpoint as a later sweep opens it: Tune names them by their path on the storage's
+        file system, which for a bucket has no scheme (``bucket/ray/...``)."""
+        return self.storage.child_of_fs_path(fs_path) if self.storage is not None else StoragePath(fs_path)
+
     def _create_run(self, trial_id: str, run_name: str, tags: dict[str, str]) -> str:
         """The new run's id; while the server is down a placeholder that the buffer's replay creates the run for."""
         buffer = self.buffer
@@ -497,12 +504,14 @@ class MlflowTrialCallback(Callback):
                 buffer.went_down(err)
         return buffer.create_run(f"{PLACEHOLDER}{trial_id}", self.sweep.experiment_id, run_name, tags)
 
-    def _log_checkpoint_history(self, trial: Any, run_id: str, checkpoint_dir: Path) -> None:
+    def _log_checkpoint_history(self, trial: Any, run_id: str, checkpoint_dir: StoragePath) -> None:
         """A checkpoint can be ahead of its run (the driver stopped after the trial saved epoch k but before it
         logged it): log the epochs the run misses from the checkpoint's own metrics history, so a run resumed in a
         later sweep has every epoch once."""
         logged = self._logged_through[trial.trial_id]
-        missing = [m for m in load_checkpoint(checkpoint_dir).get("metrics_history", []) if int(m["epoch"]) > logged]
+        with checkpoint_dir.as_local() as local:
+            history = load_checkpoint(local).get("metrics_history", [])
+        missing = [m for m in history if int(m["epoch"]) > logged]
         now = int(time.time() * 1000)
         for report in missing:
             epoch = int(report["epoch"])
@@ -602,11 +611,12 @@ class MlflowTrialCallback(Callback):
         if checkpoint is None:
             return
         try:
-            with checkpoint.as_directory() as local:
+            with checkpoint.as_directory() as local:  # a download when the storage is a bucket
                 if not checkpoint_loads(Path(local)):  # a truncated file must not become the run's checkpoint
                     log.warning("MLflow: not uploading the checkpoint of trial %s: %s/%s does not load",
                                 trial.trial_id, checkpoint.path, CHECKPOINT_FILE)  # fmt: skip
                     return
-                self.buffer.upload_checkpoint(run_id, Path(local), Path(trial.path), self.dataset)
+                self.buffer.upload_checkpoint(run_id, self.location_of(checkpoint.path), self.location_of(trial.path),
+                                              self.dataset, local=Path(local))  # fmt: skip
         except (OSError, MlflowException) as err:  # the run's metrics are still worth keeping
             log.warning("MLflow: could not log the checkpoint or model of trial %s: %s", trial.trial_id, err)

@@ -32,7 +32,9 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.io import write_json_atomic
 from pipeline.sweep.logged_model import PreparedDataset, log_checkpoint
+from pipeline.sweep.storage import StoragePath
 from pipeline.trial.checkpoint import checkpoint_loads
+from pipeline.trial.report import CHECKPOINT_FILE
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +71,19 @@ def server_answers(uri: str) -> bool:
         return False
 
 
-def newest_loading_checkpoint(preferred: Path, trial_dir: Path) -> Path | None:
+def newest_loading_checkpoint(preferred: StoragePath, trial_dir: StoragePath) -> StoragePath | None:
     """``preferred`` when it still loads, else the trial's newest checkpoint that does (None: none does)."""
-    if checkpoint_loads(preferred):
+
+    def loads(checkpoint: StoragePath) -> bool:
+        if not (checkpoint / CHECKPOINT_FILE).is_file():
+            return False
+        with checkpoint.as_local() as local:
+            return checkpoint_loads(local)
+
+    if loads(preferred):
         return preferred
-    others = sorted((p for p in trial_dir.glob("checkpoint_*") if p != preferred), key=lambda p: p.name, reverse=True)
-    return next((p for p in others if checkpoint_loads(p)), None)
+    others = [p for p in reversed(trial_dir.subdirs("checkpoint_")) if p != preferred]
+    return next((p for p in others if loads(p)), None)
 
 
 class TrackingBuffer:
@@ -147,15 +156,15 @@ class TrackingBuffer:
     def log_dict(self, run_id: str, payload: Any, name: str) -> None:
         self.write({"op": "log_dict", "run_id": run_id, "payload": payload, "name": name})
 
-    def upload_checkpoint(
-        self, run_id: str, checkpoint: Path, trial_dir: Path, dataset: PreparedDataset | None
-    ) -> None:
+    def upload_checkpoint(self, run_id: str, checkpoint: StoragePath, trial_dir: StoragePath,
+                          dataset: PreparedDataset | None, local: Path | None = None) -> None:  # fmt: skip
         """The trial's checkpoint folder as the run's ``checkpoint/`` artifact and its final model (``log_checkpoint``);
-        replayed later, the trial's newest checkpoint that loads then."""
+        replayed later, the trial's newest checkpoint that loads then. ``local``: a copy of ``checkpoint`` on this
+        disk that loads (a bucket's checkpoint already downloaded), uploaded from when the write is applied now."""
         self.write({"op": "upload_checkpoint", "run_id": run_id, "checkpoint": str(checkpoint),
-                    "trial_dir": str(trial_dir), "dataset": asdict(dataset) if dataset else None})  # fmt: skip
+                    "trial_dir": str(trial_dir), "dataset": asdict(dataset) if dataset else None}, local)  # fmt: skip
 
-    def write(self, entry: dict[str, Any]) -> None:
+    def write(self, entry: dict[str, Any], local: Path | None = None) -> None:
         """Apply ``entry`` now, or queue it behind earlier ones while the server is down (or was, and a probe has not
         answered since)."""
         if self.path is not None and (self.down or self.pending):
@@ -163,7 +172,7 @@ class TrackingBuffer:
             self.flush()
             return
         try:
-            self._apply(entry)
+            self._apply(entry, local)
         except Exception as err:
             if not is_outage(err) or self.path is None:
                 raise
@@ -219,7 +228,7 @@ class TrackingBuffer:
             time.sleep(min(PROBE_TIMEOUT_S * 2, max(0.0, deadline - time.monotonic())))
         return True
 
-    def _apply(self, entry: dict[str, Any]) -> None:
+    def _apply(self, entry: dict[str, Any], local: Path | None = None) -> None:
         op, run_id = entry["op"], self.run_id(entry["run_id"])
         if op == "create_run":
             if run_id == entry["run_id"]:  # not created yet (a replay cut short after it keeps the mapping)
@@ -241,14 +250,21 @@ class TrackingBuffer:
         elif op == "log_dict":
             self.client.log_dict(run_id, entry["payload"], entry["name"])
         elif op == "upload_checkpoint":
-            checkpoint = newest_loading_checkpoint(Path(entry["checkpoint"]), Path(entry["trial_dir"]))
-            if checkpoint is None:
-                log.warning("MLflow: run %s gets no checkpoint: no checkpoint in %s loads", run_id, entry["trial_dir"])
-                return
-            dataset = PreparedDataset(**entry["dataset"]) if entry["dataset"] else None
-            log_checkpoint(self.client, self.uri, run_id, checkpoint, dataset)
+            self._upload_checkpoint(run_id, entry, local)
         else:
             raise ValueError(f"{self.path}: unknown buffered write {op!r}")
+
+    def _upload_checkpoint(self, run_id: str, entry: dict[str, Any], local: Path | None) -> None:
+        dataset = PreparedDataset(**entry["dataset"]) if entry["dataset"] else None
+        if local is not None:
+            log_checkpoint(self.client, self.uri, run_id, local, dataset, location=entry["checkpoint"])
+            return
+        checkpoint = newest_loading_checkpoint(StoragePath(entry["checkpoint"]), StoragePath(entry["trial_dir"]))
+        if checkpoint is None:
+            log.warning("MLflow: run %s gets no checkpoint: no checkpoint in %s loads", run_id, entry["trial_dir"])
+            return
+        with checkpoint.as_local() as copy:
+            log_checkpoint(self.client, self.uri, run_id, copy, dataset, location=str(checkpoint))
 
     def _resolve(self, placeholder: str, run_id: str) -> None:
         self.resolved[placeholder] = run_id

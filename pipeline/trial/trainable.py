@@ -43,11 +43,11 @@ def train_trial(
     ``config["resume_from"]`` (optional) names a checkpoint directory of an earlier sweep's unfinished run of the same
     trial identity: the trial continues from it (weights, optimiser, epoch, RNG) instead of starting over.
     ``config["init_from"]`` (optional) names a checkpoint directory whose weights and heads per layer start the trial,
-    e.g. a pruned model to fine-tune. Both must be readable from every node (shared storage). A retried or restored
-    trial resumes from its own (Tune's) checkpoint instead. A failure a retry cannot fix (divergence, a config the
-    trial cannot run) is recorded in the trial's storage folder and raised as ``UnretryableTrialError``; Tune's
-    retries of the trial then raise it again at once instead of training to the same failure. ``code_version`` (the
-    driver's trial code hash) fails a trial that imports other code.
+    e.g. a pruned model to fine-tune. Both must be readable from every node: a shared path or a URI (a bucket). A
+    retried or restored trial resumes from its own (Tune's) checkpoint instead. A failure a retry cannot fix
+    (divergence, a config the trial cannot run) is recorded in the trial's storage folder and raised as
+    ``UnretryableTrialError``; Tune's retries of the trial then raise it again at once instead of training to the
+    same failure. ``code_version`` (the driver's trial code hash) fails a trial that imports other code.
     """
     check_trial_code(code_version)  # the driver's pipeline.sweep.identity.code_hash()
     # Ray's storage module logs every checkpoint it persists at INFO, and the worker's log reaches the driver's
@@ -89,11 +89,21 @@ def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, An
             raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
 
     with tempfile.TemporaryDirectory(prefix="tune-resume-") as tmp:
-        resume_from = Path(config["resume_from"]) if config.get("resume_from") else None
+        resume_from = on_this_node(config.get("resume_from"), Path(tmp) / "resume_from")
         if checkpoint is not None:  # a copy: Tune may delete old checkpoints (num_to_keep) while we train
             resume_from = restorable_copy(checkpoint, Path(tmp))
-        init_from = Path(config["init_from"]) if config.get("init_from") and resume_from is None else None
+        init_from = on_this_node(config.get("init_from"), Path(tmp) / "init_from") if resume_from is None else None
         run_trial(model_cfg, train_cfg, data, reporter, resume_from=resume_from, init_from=init_from)
+
+
+def on_this_node(location: str | None, into: Path) -> Path | None:
+    """A checkpoint folder named by the driver, readable here: a path as it is (shared storage), a URI (a bucket,
+    ``sweep.storage_path``) downloaded into ``into``."""
+    if not location:
+        return None
+    if "://" not in location:
+        return Path(location)
+    return Path(tune.Checkpoint(location).to_directory(str(into)))
 
 
 def restorable_copy(checkpoint: tune.Checkpoint, into: Path) -> Path | None:

@@ -17,12 +17,13 @@ OPEN_SWEEP = """
 import sys, time
 from pathlib import Path
 from pipeline.sweep import tracking
+from pipeline.sweep.storage import StoragePath
 uri, go, project = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 print("ready", flush=True)
 while not go.exists():  # every process has imported MLflow: start together
     time.sleep(0.005)
-sweep = tracking.open_sweep_run(uri, "shared", project / "ray", run_name=project.name, tags={}, params={"p": "1"},
-                                project_root=project)
+sweep = tracking.open_sweep_run(uri, "shared", StoragePath(project / "ray"), run_name=project.name, tags={},
+                                params={"p": "1"}, project_root=project)
 print(sweep.parent_run_id)
 """
 

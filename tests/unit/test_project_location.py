@@ -17,12 +17,13 @@ from pipeline.prune.manifest import PrunedModel, PruneManifest, read_prune_manif
 from pipeline.sweep import tracking
 from pipeline.sweep.location import ARTIFACT_COLUMNS, store_root
 from pipeline.sweep.manifest import TrialRecord, TuneManifest, read_tune_manifest, write_tune_manifest
+from pipeline.sweep.storage import StoragePath
 
 
 def _open(root: Path, *, default_store: bool = True) -> tracking.SweepRun:
     uri = tracking.tracking_uri(tracking.TrackingConfig(), root)
-    return tracking.open_sweep_run(uri, "copied", root / "results/ray/tune-x", run_name="tune-x", tags={}, params={},
-                                   project_root=root, default_store=default_store)  # fmt: skip
+    return tracking.open_sweep_run(uri, "copied", StoragePath(root / "results/ray/tune-x"), run_name="tune-x",
+                                   tags={}, params={}, project_root=root, default_store=default_store)  # fmt: skip
 
 
 def _locations(root: Path) -> list[str]:

@@ -9,6 +9,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep import tracking
+from pipeline.sweep.storage import StoragePath
 from pipeline.trial.report import WHERE_KEY
 
 
@@ -181,8 +182,8 @@ def test_a_moved_project_continues_its_sweep_run(tmp_path: Path) -> None:
 
     def open_in(root: Path, uri: str | None = None) -> tracking.SweepRun:
         uri = uri or f"sqlite:///{root / 'mlflow.db'}"
-        return tracking.open_sweep_run(uri, "moved", root / "results/ray/tune-x", run_name="tune-x", tags={},
-                                       params={}, project_root=root)  # fmt: skip
+        return tracking.open_sweep_run(uri, "moved", StoragePath(root / "results/ray/tune-x"), run_name="tune-x",
+                                       tags={}, params={}, project_root=root)  # fmt: skip
 
     sweep = open_in(first)
     moved = shutil.move(first, tmp_path / "moved")

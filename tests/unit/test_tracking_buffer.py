@@ -13,7 +13,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep.tracking import CountingClient
-from pipeline.sweep.tracking_buffer import TrackingBuffer, is_outage, newest_loading_checkpoint
+from pipeline.sweep.tracking_buffer import TrackingBuffer, is_outage
 
 
 @pytest.fixture
@@ -62,23 +62,6 @@ def test_a_refused_write_raises_and_is_not_buffered(tmp_path: Path) -> None:
     with pytest.raises(MlflowException):
         buffer.set_terminated("0" * 32, "FINISHED")
     assert not path.exists() and not buffer.down
-
-
-def test_a_waiting_upload_takes_the_newest_checkpoint_that_loads(tmp_path: Path) -> None:
-    """Tune keeps two checkpoints per trial: the one named when the upload was queued may be gone or truncated."""
-    from pipeline.config import ModelConfig
-    from pipeline.models import build_model
-    from pipeline.trial.checkpoint import save_model_checkpoint
-
-    cfg = ModelConfig(hidden=8, layers=1, ffn=16, heads=4, downsample=2)
-    model = build_model(cfg, image_size=8, in_channels=3, num_classes=10)
-    for epoch in (2, 3, 4):
-        save_model_checkpoint(tmp_path / f"checkpoint_00000{epoch}", model, cfg, image_shape=(3, 8, 8), num_classes=10)
-    newest = tmp_path / "checkpoint_000004"
-    assert newest_loading_checkpoint(tmp_path / "checkpoint_000003", tmp_path) == tmp_path / "checkpoint_000003"
-    (newest / "checkpoint.pt").write_bytes((newest / "checkpoint.pt").read_bytes()[:100])  # truncated
-    assert newest_loading_checkpoint(tmp_path / "checkpoint_000001", tmp_path) == tmp_path / "checkpoint_000003"
-    assert newest_loading_checkpoint(newest, tmp_path) == tmp_path / "checkpoint_000003"
 
 
 def test_a_half_written_last_line_is_dropped_and_an_edited_one_refused(tmp_path: Path) -> None:

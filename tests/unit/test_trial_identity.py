@@ -18,6 +18,7 @@ from pipeline.config import Params, parse_params
 from pipeline.sweep import identity
 from pipeline.sweep.identity import PROJECT_ROOT, TRIAL_CODE, code_hash, sweep_hash, trial_key
 from pipeline.sweep.reuse import RESUME, REUSE, TRAIN, TRIAL_PATH_TAG, decide, find_runs, newest_checkpoint
+from pipeline.sweep.storage import StoragePath
 
 DATA = "a" * 64
 
@@ -144,7 +145,7 @@ def test_an_unfinished_run_resumes_from_its_newest_checkpoint_that_loads(
     truncated.mkdir()
     (truncated / "checkpoint.pt").write_bytes((good / "checkpoint.pt").read_bytes()[:40])  # a crash mid-write
     run_id = run(client, experiment, "k", "KILLED", **{TRIAL_PATH_TAG: str(trial), "tune.status": "interrupted"})
-    assert newest_checkpoint(trial) == (good, 2)
+    assert newest_checkpoint(StoragePath(trial)) == (StoragePath(good), 2)
     plan = decide("v", 0, "k", find_runs(client, experiment, ["k"])["k"], epochs=4)
     assert (plan.action, plan.run_id, plan.checkpoint_dir, plan.epoch) == (RESUME, run_id, str(good), 2)
     assert plan.describe() == f"resume run {run_id} from epoch 2"

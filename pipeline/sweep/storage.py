@@ -1,0 +1,207 @@
+"""Where the Ray results live: a local folder, or a bucket named by a pyarrow file-system URI.
+
+``sweep.storage_path`` is either a path (one machine, or a file system every node mounts at the same path) or a URI
+that ``pyarrow.fs.FileSystem.from_uri`` resolves, e.g. ``s3://bucket/ray`` (S3 or any S3-compatible store; its
+options go in the query: ``?endpoint_override=host:9000&scheme=http&region=...``), ``gs://bucket/ray``,
+``hdfs://namenode:8020/ray``, ``abfs://container@account.dfs.core.windows.net/ray``. Ray Tune writes trials'
+checkpoints there either way; the driver too reads and writes beside them (the parent run record, the plan,
+checkpoints to resume from or upload to MLflow, the cluster probe), so it goes through ``StoragePath``: plain
+``pathlib`` for a folder, the pyarrow file system for a URI. Credentials never go in the URI (it is recorded in
+MLflow and the manifests): they come from the environment of every node (``AWS_ACCESS_KEY_ID``, an instance role,
+``GOOGLE_APPLICATION_CREDENTIALS``...), as pyarrow and Ray expect.
+
+What an object store cannot do stays on the driver's disk (``driver_dir``): the MLflow outage buffer is appended to
+and fsync'd line by line, and checkpoints downloaded for pruning are a cache.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cached_property
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pyarrow.fs as pafs
+
+from pipeline.io import check_creatable_dir, write_text_atomic
+
+DRIVER_DIR = "results/ray-driver"  # in the project, with a URI storage: files only the driver writes, never shared
+
+
+def is_uri(location: str) -> bool:
+    return "://" in location
+
+
+class StoragePath:
+    """A folder or file under ``sweep.storage_path``: an absolute local path, or a URI (its query kept on every
+    child, so a child's text alone opens it again: it is what MLflow tags and the manifests record)."""
+
+    def __init__(self, location: str | Path) -> None:
+        self.text = str(location)
+        self.remote = is_uri(self.text)
+
+    @cached_property
+    def _fs(self) -> tuple[pafs.FileSystem, str]:
+        if not self.remote:
+            return pafs.LocalFileSystem(), self.text
+        return pafs.FileSystem.from_uri(self.text)
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        return self._fs[0]
+
+    @property
+    def fs_path(self) -> str:
+        """The path on ``filesystem`` (a URI without scheme and query, e.g. ``bucket/ray``), as Ray names its trials."""
+        return self._fs[1]
+
+    @property
+    def local(self) -> Path:
+        if self.remote:
+            raise ValueError(f"{self.text} is not on this machine's file system")
+        return Path(self.text)
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(urlsplit(self.text).path if self.remote else self.text).name
+
+    @property
+    def parent(self) -> StoragePath:
+        if not self.remote:
+            return StoragePath(Path(self.text).parent)
+        parts = urlsplit(self.text)
+        return StoragePath(urlunsplit(parts._replace(path=str(PurePosixPath(parts.path).parent))))
+
+    def __truediv__(self, name: str) -> StoragePath:
+        if not self.remote:
+            return StoragePath(Path(self.text) / name)
+        parts = urlsplit(self.text)
+        return StoragePath(urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name.strip('/')}")))
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"StoragePath({self.text!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StoragePath) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled into Tune's state and Ray tasks: the text, never a client
+        return {"text": self.text, "remote": self.remote}
+
+    def child_of_fs_path(self, fs_path: str) -> StoragePath:
+        """The location of ``fs_path`` (a path on this storage's file system under it, as Ray reports trial and
+        checkpoint paths), e.g. ``bucket/ray/tune-x/trial_1`` -> ``s3://bucket/ray/tune-x/trial_1?<query>``."""
+        if not self.remote:
+            return StoragePath(fs_path)
+        relative = PurePosixPath(fs_path).relative_to(self.fs_path)
+        return self / str(relative) if str(relative) != "." else self
+
+    def is_file(self) -> bool:
+        if not self.remote:
+            return Path(self.text).is_file()
+        return self.filesystem.get_file_info(self.fs_path).type == pafs.FileType.File
+
+    def is_dir(self) -> bool:
+        if not self.remote:
+            return Path(self.text).is_dir()
+        return self.filesystem.get_file_info(self.fs_path).type == pafs.FileType.Directory
+
+    def read_text(self) -> str:
+        if not self.remote:
+            return Path(self.text).read_text()
+        with self.filesystem.open_input_stream(self.fs_path) as stream:
+            return stream.readall().decode()
+
+    def write_text(self, text: str) -> None:
+        """Written whole or not at all: a local file through a temporary file and a rename; an object store's put
+        is atomic by itself."""
+        if not self.remote:
+            write_text_atomic(Path(self.text), text)
+            return
+        self.filesystem.create_dir(str(PurePosixPath(self.fs_path).parent))
+        with self.filesystem.open_output_stream(self.fs_path) as stream:
+            stream.write(text.encode())
+
+    def delete(self) -> None:
+        """Remove this file (nothing when it does not exist)."""
+        if not self.remote:
+            Path(self.text).unlink(missing_ok=True)
+        elif self.is_file():
+            self.filesystem.delete_file(self.fs_path)
+
+    def mkdir(self) -> None:
+        if not self.remote:
+            Path(self.text).mkdir(parents=True, exist_ok=True)
+        else:
+            self.filesystem.create_dir(self.fs_path)
+
+    def subdirs(self, prefix: str = "") -> list[StoragePath]:
+        """The folders directly under this one whose name starts with ``prefix``, by name."""
+        if not self.remote:
+            found = [p for p in Path(self.text).glob(f"{prefix}*") if p.is_dir()] if self.is_dir() else []
+            return [StoragePath(p) for p in sorted(found)]
+        listed = self.filesystem.get_file_info(pafs.FileSelector(self.fs_path, allow_not_found=True))
+        names = sorted(i.base_name for i in listed if i.type == pafs.FileType.Directory)
+        return [self / name for name in names if name.startswith(prefix)]
+
+    @contextmanager
+    def as_local(self) -> Iterator[Path]:
+        """This folder on the local disk: itself, or a temporary download of it that is removed afterwards."""
+        if not self.remote:
+            yield Path(self.text)
+            return
+        with tempfile.TemporaryDirectory(prefix="storage-") as tmp:
+            yield self.download(Path(tmp) / (self.name or "root"))
+
+    def download(self, into: Path) -> Path:
+        """A copy of this folder at ``into`` (a local folder: copied too, so the copy outlives its source)."""
+        into.parent.mkdir(parents=True, exist_ok=True)
+        if not self.remote:
+            shutil.copytree(self.text, into, dirs_exist_ok=True)
+            return into
+        into.mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(self.fs_path, str(into), source_filesystem=self.filesystem,
+                        destination_filesystem=pafs.LocalFileSystem())  # fmt: skip
+        return into
+
+    def upload(self, local: Path) -> None:
+        """The local folder ``local`` copied to this location (which it becomes)."""
+        if not self.remote:
+            shutil.copytree(local, self.text, dirs_exist_ok=True)
+            return
+        self.filesystem.create_dir(self.fs_path)
+        pafs.copy_files(str(local), self.fs_path, source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=self.filesystem)  # fmt: skip
+
+
+def driver_dir(storage: StoragePath, project_root: Path) -> Path:
+    """The local folder for the driver's own files beside each Tune experiment that must stay on its disk (the
+    MLflow outage buffer, appended and fsync'd line by line): the storage itself when it is local, else
+    ``DRIVER_DIR`` in the project."""
+    return project_root / DRIVER_DIR if storage.remote else storage.local
+
+
+def check_storage(storage: StoragePath) -> None:
+    """Raise ``ValueError`` unless the driver can write, read back and remove a marker at ``storage``: a local folder
+    that can be created, or a bucket that exists, answers and accepts these credentials. Seconds, before any run."""
+    if not storage.remote:
+        check_creatable_dir(storage.local)
+        return
+    marker = storage / f".write-test-{uuid.uuid4().hex}"
+    try:
+        marker.write_text("probe")
+        if marker.read_text() != "probe":
+            raise ValueError(f"{storage}: a marker written there read back different")
+        marker.delete()
+    except (OSError, ValueError) as err:  # pyarrow's errors name the bucket and the cause (no bucket, denied, refused)
+        raise ValueError(f"cannot write and read back a marker in {storage}: {err}") from None
