@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,14 +136,20 @@ class Project:
                        timeout_s: float = 120) -> tuple[int, str]:  # fmt: skip
         """Start ``python -m stages.tune``, send it ``stop`` once a trial has saved ``checkpoint_<checkpoint>``
         (0-based) under ``experiment_dir``; its exit code and output."""
+        name = f"checkpoint_{checkpoint:06d}"
+        return self.interrupt_tune_when(lambda: bool(list(experiment_dir.glob(f"*/{name}"))), name, stop, timeout_s)
+
+    def interrupt_tune_when(self, saved: Callable[[], bool], what: str, stop: signal.Signals = signal.SIGINT,
+                            timeout_s: float = 120) -> tuple[int, str]:  # fmt: skip
+        """Start ``python -m stages.tune``, send it ``stop`` once ``saved()`` (``what``: what it waits for, for the
+        failure message); its exit code and output."""
         stage = subprocess.Popen(["python", "-m", "stages.tune"], cwd=self.path, env=self.env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        name = f"checkpoint_{checkpoint:06d}"
         deadline = time.monotonic() + timeout_s
-        while not list(experiment_dir.glob(f"*/{name}")):
+        while not saved():
             if stage.poll() is not None or time.monotonic() > deadline:
                 stage.kill()
-                raise AssertionError(f"no {name} before the end:\n{stage.communicate()[0][-3000:]}")
+                raise AssertionError(f"no {what} before the end:\n{stage.communicate()[0][-3000:]}")
             time.sleep(0.1)
         stage.send_signal(stop)
         output, _ = stage.communicate(timeout=120)
