@@ -9,10 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.cluster.conftest import ClusterProject, TwoNodeCluster, tiny_cluster_params
+
+if TYPE_CHECKING:
+    from tests.conftest import Bucket
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 FAIL_FAST_S = 60  # a hang guard: the stage's own start (torch, Ray, MLflow imports) is most of it on a busy machine
@@ -69,6 +73,35 @@ def test_sweep_spreads_over_both_nodes(cluster: TwoNodeCluster, cluster_project:
     assert {t["ray.node_id"] for t in children.values()} == {cluster.head.node_id, cluster.worker.node_id}
     assert all(t["ray.node_ids"] == t["ray.node_id"] for t in children.values())  # nobody moved
     assert "shipping the code" in done.stderr and "cluster: 2 nodes share" in done.stderr
+
+
+def test_a_bucket_is_storage_every_node_shares(
+    cluster: TwoNodeCluster, cluster_project: ClusterProject, bucket: Bucket
+) -> None:
+    """``sweep.storage_path: s3://...`` on two nodes: the probe proves every node reads and writes the bucket with its
+    own credentials, trials on both nodes checkpoint there, and nothing of the Ray results is on the driver's disk."""
+    params = tiny_cluster_params(sqlite_on_cluster=True)
+    params["train"]["epochs"] = 2
+    params["sweep"]["storage_path"] = bucket.uri("ray")
+    cluster_project.write_params(params)
+    try:
+        done = cluster_project.stage(cluster.driver_env(), "stages.tune")
+    finally:
+        cluster_project.write_params(tiny_cluster_params())
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert f"cluster: 2 nodes share {bucket.uri('ray')}" in done.stderr
+    manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
+    assert manifest["ray_experiment_path"] == bucket.uri(f"ray/{manifest['experiment_name']}")
+    keys = bucket.keys("ray")
+    for trial in manifest["trials"]:
+        assert trial["status"] == "finished"
+        assert trial["checkpoint_dir"].startswith(f"s3://{bucket.name}/ray/{manifest['experiment_name']}/")
+    assert sum(key.endswith("checkpoint_000001/checkpoint.pt") for key in keys) == 2
+    assert not any(".storage-probe-" in key for key in keys)  # the probe's markers are removed
+    children = [t for t in _run_tags(cluster_project.path / "mlflow.db").values()
+                if t.get("mlflow.parentRunId") == manifest["parent_run_id"]]  # fmt: skip
+    assert {t["ray.node_id"] for t in children} == {cluster.head.node_id, cluster.worker.node_id}
+    assert not (cluster_project.path / "results/ray" / manifest["experiment_name"]).exists()
 
 
 def test_wrong_token_fails_fast_naming_what_to_do(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
