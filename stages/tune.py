@@ -5,9 +5,9 @@ Writes: results/tune/manifest.json  MLflow tracking URI, experiment and parent r
                                     variant, seed, status, final metrics, last checkpoint dir, head-centre history
         results/tune/metrics.json   final test accuracy per variant (mean/std over seeds) for `dvc metrics show`
 Side effects (never DVC outs): MLflow runs (tracking.uri, default sqlite <project>/mlflow.db) and Ray results
-(sweep.storage_path/tune-<params hash>). An interrupted run (Ctrl-C) is restored from there by the next run. The
-project is the DVC repository ($DVC_ROOT): a queued or --temp `dvc exp run` keeps its runs in the real project.
-The manifest's paths inside the project are relative to it.
+(sweep.storage_path/tune-<params hash>: a folder, or a bucket such as s3://bucket/ray). An interrupted run (Ctrl-C)
+is restored from there by the next run. The project is the DVC repository ($DVC_ROOT): a queued or --temp `dvc exp
+run` keeps its runs in the real project. The manifest's paths inside the project are relative to it.
 Trials are found by identity (model, train config with seed, prepared data, trial code) in the MLflow store: a
 finished run is reused, an unfinished one continues from its checkpoint, only the rest train (sweep.retrain or
 --retrain: train every trial anew). A grown sweep (a seed or a variant more) trains only its new trials.
@@ -21,9 +21,9 @@ written, an http(s) tracking.uri answers; on a cluster, that it answers with thi
 several nodes, that every node shares sweep.storage_path and imports the driver's trial code, and tracking.uri is
 not an sqlite file (unless tracking.sqlite_on_cluster).
 An http tracking server that stops answering mid-run does not stop the training: MLflow writes are buffered in
-<Ray experiment>/mlflow_buffer.jsonl and flushed when it answers again (this run waits up to a minute for it at the
-end). Still down at the end: the manifest is written, one line says what is buffered where, exit code 75; the next
-run flushes the buffer before it plans anything.
+<Ray experiment>/mlflow_buffer.jsonl (results/ray-driver/<experiment>/ with a bucket) and flushed when it answers
+again (this run waits up to a minute for it at the end). Still down at the end: the manifest is written, one line
+says what is buffered where, exit code 75; the next run flushes the buffer before it plans anything.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ parser.add_argument(
     metavar="URL",
     help="run the sweep as a Ray job on the cluster whose dashboard (job server) is at URL, default "
     "$RAY_API_SERVER_ADDRESS; uploads the code and prepared data, follows the job's log and writes its manifest and "
-    "metrics here (needs an http(s) tracking.uri and an absolute, shared sweep.storage_path)",
+    "metrics here (needs an http(s) tracking.uri, and a sweep.storage_path that is absolute and shared, or a bucket)",
 )
 parser.add_argument("--as-job", metavar="ID", help=argparse.SUPPRESS)  # set by --submit: the job's submission id
 parser.add_argument("--git-commit", help=argparse.SUPPRESS)  # set by --submit: the workstation's commit

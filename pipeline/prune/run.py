@@ -117,7 +117,7 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
                               tune_manifest.experiment_id, "", rule, [], skipped)  # fmt: skip
         return PruneOutcome(empty)
     storage = storage_dir(params, project_root)
-    flush_buffers(driver_dir(storage, project_root))  # MLflow writes an outage left buffered, before reuse reads runs
+    flush_buffers(storage, driver_dir(storage, project_root))  # what an outage left buffered, before reuse reads runs
     keys = {plan.key: prune_key(params, plan) for plan in plans}
     name = prune_name(list(keys.values()))
     path = storage / name

@@ -46,7 +46,7 @@ from pipeline.sweep.session import ray_session
 from pipeline.sweep.storage import StoragePath, driver_dir
 from pipeline.sweep.submit import SubmittedJob
 from pipeline.sweep.summary import publish_sweep
-from pipeline.sweep.tracking_buffer import FINAL_WAIT_S, flush_buffers, is_outage
+from pipeline.sweep.tracking_buffer import FINAL_WAIT_S, flush_buffers, is_outage, park_buffer
 from pipeline.trial.report import HEAD_HISTORY_FILE
 from pipeline.trial.trainable import train_trial
 
@@ -182,7 +182,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path, *,
     (``pipeline.sweep.submit``), whose commit and submission id the runs record."""
     preflight(params, project_root)
     storage = storage_dir(params, project_root)
-    flush_buffers(driver_dir(storage, project_root))  # reuse and restore read the runs: bring them up to date first
+    flush_buffers(storage, driver_dir(storage, project_root))  # reuse and restore read the runs: bring them up to date
     data_hash = content_hash(data)
     name = experiment_name(params, data_hash)
     path = storage / name
@@ -227,6 +227,8 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path, *,
                               {"tune.trials": str(len(outcome.trials)), "tune.trials_trained": str(outcome.trained),
                                "tune.trials_reused": str(len(plans) - outcome.trained)}, buffer)  # fmt: skip
     outcome.buffered, outcome.buffer_file = buffer.pending, str(buffer.path)
+    if buffer.pending and buffer.path is not None and path.remote:
+        park_buffer(buffer.path, path)
     return outcome
 
 

@@ -5,8 +5,10 @@ MLflow client's retry budget (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` x ``MLFLOW_HTT
 minutes by default) made every write raise, and the sweep died while its trials trained fine. Here:
 
 - a write that fails because the server cannot be reached (connection refused or reset, a timeout, 5xx replies until
-  the retries ran out) is appended to ``BUFFER_FILE`` in the Ray experiment directory, one JSON object a line,
-  fsync'd, so a driver that dies keeps it; a request the server refuses (4xx: a bad request) still raises;
+  the retries ran out) is appended to ``BUFFER_FILE`` in the Ray experiment directory (on the driver's disk,
+  ``storage.driver_dir``, when the storage is a bucket, where it is parked only when the stage ends with writes
+  still waiting), one JSON object a line, fsync'd, so a driver that dies keeps it; a request the server refuses
+  (4xx: a bad request) still raises;
 - every later write queues behind it, so a run's epochs stay before its termination; a write that was sent (and
   may have reached the server before the reply was lost) skips on replay the epochs its run already has;
 - while the server is known down no write enters the client's retry loop: a short probe of ``/health`` at most every
@@ -30,7 +32,7 @@ import requests
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from pipeline.io import write_json_atomic
+from pipeline.io import write_json_atomic, write_text_atomic
 from pipeline.sweep.logged_model import PreparedDataset, log_checkpoint
 from pipeline.sweep.storage import StoragePath
 from pipeline.trial.checkpoint import checkpoint_loads
@@ -310,11 +312,32 @@ class TrackingBuffer:
         tmp.replace(self.path)
 
 
-def flush_buffers(storage: Path) -> None:
-    """Before a stage plans anything: replay what earlier runs buffered under ``storage`` (one file per Ray
-    experiment), since reuse and restore read the runs' states. A server still down only warns: preflight has
-    already checked this stage's own tracking server."""
-    for path in sorted(storage.glob(f"*/{BUFFER_FILE}")):
+def park_buffer(buffer_file: Path, experiment: StoragePath) -> None:
+    """With a bucket as storage, a stage that ends with writes still buffered leaves a copy of its buffer (and run
+    map) beside its experiment in the bucket: the driver's disk may not outlive it (a Ray job's temporary folder),
+    and the next run, on any machine, takes it back (``flush_buffers``)."""
+    for name in (BUFFER_FILE, RUNS_FILE):
+        local = buffer_file.with_name(name)
+        if local.is_file():
+            (experiment / name).write_text(local.read_text())
+
+
+def flush_buffers(storage: StoragePath, local_root: Path) -> None:
+    """Before a stage plans anything: replay what earlier runs buffered under ``local_root`` (one file per Ray
+    experiment; ``storage.driver_dir``), first taking back the buffers parked in a bucket (``park_buffer``), since
+    reuse and restore read the runs' states. A server still down only warns: preflight has already checked this
+    stage's own tracking server."""
+    if storage.remote:
+        for experiment in storage.subdirs():
+            if not (experiment / BUFFER_FILE).is_file():
+                continue
+            for name in (BUFFER_FILE, RUNS_FILE):  # this disk's copy, when it has one, is the same or newer
+                parked, local = experiment / name, local_root / experiment.name / name
+                if parked.is_file() and not local.is_file():
+                    write_text_atomic(local, parked.read_text())
+                parked.delete()
+            log.info("MLflow: took back the writes a run left buffered in %s", experiment)
+    for path in sorted(local_root.glob(f"*/{BUFFER_FILE}")):
         entries = TrackingBuffer(path, "")._entries()
         buffer = TrackingBuffer(path, entries[0]["uri"] if entries else "")
         if entries and not buffer.flush(force=True):

@@ -108,3 +108,31 @@ def test_the_preflight_proves_a_bucket_before_any_run(bucket, tmp_path: Path) ->
     with pytest.raises(ValueError, match="sweep.storage_path: .*(NETWORK_CONNECTION|connect)"):
         preflight(parse_params({"sweep": {"storage_path": refused}}), tmp_path)
     assert time.monotonic() - started < 30
+
+
+def test_writes_left_buffered_travel_through_the_bucket(bucket, tmp_path: Path, monkeypatch) -> None:
+    """A submitted job's disk goes with it: a stage ending with MLflow writes still buffered (the server down) parks
+    the buffer beside its experiment in the bucket, and the next run, on another machine, takes it back."""
+    import shutil
+    import socket
+
+    from mlflow.entities import Metric
+
+    from pipeline.sweep.tracking_buffer import BUFFER_FILE, TrackingBuffer, flush_buffers, park_buffer
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as probe:  # nothing listens there: the server is down
+        probe.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    storage = StoragePath(bucket.uri("ray"))
+    job_disk = tmp_path / "job" / "tune-x"
+    buffer = TrackingBuffer(job_disk / BUFFER_FILE, down)
+    buffer.log_batch("run-1", metrics=[Metric("test_acc", 0.5, 0, 1)])
+    buffer.set_terminated("run-1", "FINISHED")
+    assert buffer.pending == 2
+    park_buffer(buffer.path, storage / "tune-x")
+    shutil.rmtree(tmp_path / "job")  # Ray deletes the job's folder
+    workstation = tmp_path / "workstation"
+    flush_buffers(storage, workstation)  # still down: the writes wait on this disk now
+    assert TrackingBuffer(workstation / "tune-x" / BUFFER_FILE, down).pending == 2
+    assert not (storage / "tune-x" / BUFFER_FILE).is_file()
