@@ -78,7 +78,11 @@ def planned_trials(params: Params, project_root: Path, data_hash: str | None) ->
     uri = tracking.tracking_uri(params.tracking, project_root)
     if data_hash is None:
         return None, "new"
-    if tune.Tuner.can_restore(str(path)):
+    try:
+        restorable = tune.Tuner.can_restore(str(path))
+    except OSError as err:  # a bucket that does not answer: the preflight after the plan says so, naming the key
+        return None, f"unknown: cannot read it ({str(err).splitlines()[0][:200]})"
+    if restorable:
         state = "interrupted: would restore it"
         if tracking.sweep_finished(path, uri):
             state = "finished: nothing to train (`dvc repro --force` restores it and trains nothing)"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import parse_params
-from pipeline.sweep.plan import preflight, storage_dir
+from pipeline.sweep.plan import format_plan, preflight, storage_dir
 from pipeline.sweep.reuse import newest_checkpoint
 from pipeline.sweep.storage import DRIVER_DIR, StoragePath, check_storage, driver_dir
 from pipeline.sweep.tracking_buffer import newest_loading_checkpoint
@@ -103,11 +103,15 @@ def test_the_preflight_proves_a_bucket_before_any_run(bucket, tmp_path: Path) ->
     missing = bucket.uri("ray").replace(bucket.name, "no-such-bucket", 1)
     with pytest.raises(ValueError, match="sweep.storage_path: cannot write and read back a marker in s3://no-such"):
         preflight(parse_params({"sweep": {"storage_path": missing}}), tmp_path)
-    refused = bucket.uri("ray").replace(bucket.endpoint, "127.0.0.1:9", 1)
+    refused = parse_params({"sweep": {"storage_path": bucket.uri("ray").replace(bucket.endpoint, "127.0.0.1:9", 1)}})
     started = time.monotonic()
     with pytest.raises(ValueError, match="sweep.storage_path: .*(NETWORK_CONNECTION|connect)"):
-        preflight(parse_params({"sweep": {"storage_path": refused}}), tmp_path)
+        preflight(refused, tmp_path)
     assert time.monotonic() - started < 30
+    # the dry run prints its plan before the preflight's message: it says it cannot read the bucket, no traceback
+    (tmp_path / "data/prepared").mkdir(parents=True)
+    (tmp_path / "data/prepared/manifest.json").write_text('{"content_sha256": "ab" }')
+    assert "(unknown: cannot read it (" in format_plan(refused, tmp_path)
 
 
 def test_writes_left_buffered_travel_through_the_bucket(bucket, tmp_path: Path, monkeypatch) -> None:
