@@ -58,6 +58,13 @@ def test_a_relative_storage_path_is_refused(tmp_path: Path, monkeypatch: pytest.
         check_submittable(_params(tracking={"uri": SERVER}), tmp_path)
 
 
+def test_a_bucket_is_storage_a_job_can_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pipeline.sweep.submit.check_tracking_server", lambda uri, source: None)
+    params = _params(tracking={"uri": SERVER}, sweep={"storage_path": "s3://bucket/ray"},
+                     data={"prepared_dir": "/mnt/shared/prepared"})  # fmt: skip
+    assert check_submittable(params, tmp_path) is None
+
+
 def test_unprepared_data_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("pipeline.sweep.submit.check_tracking_server", lambda uri, source: None)
     params = _params(tracking={"uri": SERVER}, sweep={"storage_path": str(tmp_path / "ray")})
