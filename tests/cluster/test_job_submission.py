@@ -23,11 +23,16 @@ from tests.integration.conftest import MlflowServer, mlflow_server  # noqa: F401
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
+@pytest.mark.parametrize("storage", ["shared folder", "bucket"])
 def test_the_sweep_submitted_as_a_job(cluster: TwoNodeCluster, cluster_project: ClusterProject,
-                                      mlflow_server: MlflowServer, tmp_path: Path) -> None:  # noqa: F811  # fmt: skip
+                                      mlflow_server: MlflowServer, tmp_path: Path, storage: str,  # noqa: F811
+                                      request: pytest.FixtureRequest) -> None:  # fmt: skip
     params = tiny_cluster_params(uri=mlflow_server.uri)
-    params["tracking"]["experiment"] = "it-cluster-job"
-    params["sweep"]["storage_path"] = str(tmp_path / "shared-ray")  # both nodes see it: one machine
+    bucket = request.getfixturevalue("bucket") if storage == "bucket" else None
+    # One experiment each: the sweep's identity does not depend on its storage, so the other's runs would be reused.
+    params["tracking"]["experiment"] = "it-cluster-job-bucket" if bucket else "it-cluster-job"
+    # A folder both nodes see (one machine), or a bucket on the S3-compatible test server.
+    params["sweep"]["storage_path"] = bucket.uri("ray") if bucket else str(tmp_path / "shared-ray")
     # Trials outlast a worker process starting on the other node on a busy machine (else Tune reuses the finished
     # trial's actor on the head for the second trial, and both run there).
     params["train"]["epochs"] = 3
@@ -64,6 +69,9 @@ def test_the_sweep_submitted_as_a_job(cluster: TwoNodeCluster, cluster_project: 
     assert {run.info.run_id for run in children} == {t["run_id"] for t in manifest["trials"]}
     assert {run.data.tags["git_commit"] for run in children} == {expected_commit}
     assert {run.data.tags["ray.node_id"] for run in children} == {cluster.head.node_id, cluster.worker.node_id}
+    if bucket is not None:  # the job's trials checkpointed into the bucket, and the manifest names them there
+        assert manifest["ray_experiment_path"] == bucket.uri(f"ray/{expected_name}")
+        assert sum(key.endswith("checkpoint_000002/checkpoint.pt") for key in bucket.keys("ray")) == 2
 
 
 def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(cluster: TwoNodeCluster, cluster_project: ClusterProject,
