@@ -23,7 +23,7 @@ from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.models.pruning import covariance_geometry, head_decisions, prune_model, pruned_per_layer
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest
-from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.storage import StoragePath, found_file
 from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
 from pipeline.trial.report import CHECKPOINT_FILE
 
@@ -88,7 +88,7 @@ def local_sources(sources: list[TrialRecord], tracking_uri: str, cache_dir: Path
     local = []
     for trial in sources:
         stored = StoragePath(trial.checkpoint_dir) if trial.checkpoint_dir else None
-        if stored is not None and (stored / CHECKPOINT_FILE).is_file():
+        if stored is not None and found_file(stored / CHECKPOINT_FILE):
             if stored.remote:  # in the bucket (sweep.storage_path): a copy on this disk to load and prune
                 log.info("%s seed %d: downloading its checkpoint from %s", trial.variant, trial.seed, stored)
                 stored = StoragePath(stored.download(cache_dir / str(trial.run_id)))

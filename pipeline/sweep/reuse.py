@@ -25,7 +25,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep.manifest import FINISHED
-from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.storage import StoragePath, found_file
 from pipeline.trial.report import CHECKPOINT_FILE
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,12 @@ def newest_checkpoint(trial_path: StoragePath) -> tuple[StoragePath, int] | None
     its epoch; a checkpoint that does not load (truncated by a crash) is skipped, naming the file."""
     from pipeline.trial.checkpoint import CorruptCheckpointError, load_checkpoint  # torch: only when resuming
 
-    for directory in reversed(trial_path.subdirs("checkpoint_")):
+    try:
+        directories = trial_path.subdirs("checkpoint_")
+    except OSError as err:  # a bucket or endpoint an earlier run recorded and that is gone: nothing to resume from
+        log.warning("not resuming from %s: %s", trial_path, str(err).splitlines()[0][:200])
+        return None
+    for directory in reversed(directories):
         try:
             with directory.as_local() as local:
                 return directory, int(load_checkpoint(local)["epoch"])
@@ -101,7 +106,7 @@ def decide(variant: str, seed: int, key: str, runs: list[Run], epochs: int, *, r
     for run in runs:
         if is_complete(run, epochs):  # its checkpoint is in MLflow; the Ray copy may have been deleted
             checkpoint = run.data.tags["tune.checkpoint"]
-            local = checkpoint if (StoragePath(checkpoint) / CHECKPOINT_FILE).is_file() else None
+            local = checkpoint if found_file(StoragePath(checkpoint) / CHECKPOINT_FILE) else None
             return TrialPlan(variant, seed, key, REUSE, run.info.run_id, local, epochs)
     best: TrialPlan | None = None
     for run in runs:

@@ -16,6 +16,7 @@ and fsync'd line by line, and checkpoints downloaded for pruning are a cache.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import uuid
@@ -29,6 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow.fs as pafs
 
 from pipeline.io import check_creatable_dir, write_text_atomic
+
+log = logging.getLogger(__name__)
 
 DRIVER_DIR = "results/ray-driver"  # in the project, with a URI storage: files only the driver writes, never shared
 
@@ -182,6 +185,17 @@ class StoragePath:
         self.filesystem.create_dir(self.fs_path)
         pafs.copy_files(str(local), self.fs_path, source_filesystem=pafs.LocalFileSystem(),
                         destination_filesystem=self.filesystem)  # fmt: skip
+
+
+def found_file(path: StoragePath) -> bool:
+    """Whether ``path`` is a file, False (with a warning) when its file system cannot be reached: a location recorded
+    by an earlier run (an MLflow tag, a manifest) may name a bucket or endpoint that is gone; the caller then falls
+    back as for a deleted file (train anew, download the MLflow copy)."""
+    try:
+        return path.is_file()
+    except OSError as err:
+        log.warning("cannot read %s, treated as missing: %s", path, str(err).splitlines()[0][:200])
+        return False
 
 
 def driver_dir(storage: StoragePath, project_root: Path) -> Path:

@@ -134,6 +134,20 @@ def test_a_complete_run_is_reused(store: tuple[MlflowClient, str], tmp_path: Pat
     assert decide("v", 0, "k", find_runs(client, experiment, ["k"])["k"], epochs=4, retrain=True).action == TRAIN
 
 
+def test_locations_in_a_bucket_that_is_gone_are_missing_checkpoints(store: tuple[MlflowClient, str]) -> None:
+    """An earlier run recorded its checkpoints in a bucket whose endpoint no longer answers: the plan does not fail,
+    a finished run is still reused (its checkpoint is in MLflow) and an unfinished one trains anew."""
+    client, experiment = store
+    gone = "s3://b/ray/tune-x/trial_1?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1"
+    finished = run(client, experiment, "done", "FINISHED", **{"tune.status": "finished", "tune.last_epoch": "4",
+                                                               "tune.checkpoint": gone})  # fmt: skip
+    run(client, experiment, "half", "KILLED", **{TRIAL_PATH_TAG: gone, "tune.status": "interrupted"})
+    found = find_runs(client, experiment, ["done", "half"])
+    reused = decide("v", 0, "done", found["done"], epochs=4)
+    assert (reused.action, reused.run_id, reused.checkpoint_dir) == (REUSE, finished, None)
+    assert decide("v", 1, "half", found["half"], epochs=4).action == TRAIN
+
+
 def test_an_unfinished_run_resumes_from_its_newest_checkpoint_that_loads(
     store: tuple[MlflowClient, str], tmp_path: Path
 ) -> None:
