@@ -80,11 +80,10 @@ def select_sources(params: Params, manifest: TuneManifest) -> tuple[list[TrialRe
 
 def local_sources(sources: list[TrialRecord], tracking_uri: str, cache_dir: Path,
                   manifest_path: Path) -> list[TrialRecord]:  # fmt: skip
-    """The sources with a checkpoint on this disk: the Ray copy (``sweep.storage_path``; downloaded into
-    ``cache_dir/<run id>`` from a bucket) where it still exists, else
-    the run's ``checkpoint`` artifact downloaded through MLflow into ``cache_dir/<run id>`` (a reused run from an
-    earlier sweep whose Ray results were deleted, or another machine's run); refused before any expensive work when
-    neither exists."""
+    """The sources with a checkpoint on this disk: the Ray copy (``sweep.storage_path``; from a bucket, downloaded
+    into ``cache_dir/<run id>``) where it still exists, else the run's ``checkpoint`` artifact downloaded through
+    MLflow into ``cache_dir/<run id>`` (a reused run from an earlier sweep whose Ray results were deleted, or another
+    machine's run); refused before any expensive work when neither exists."""
     local = []
     for trial in sources:
         stored = StoragePath(trial.checkpoint_dir) if trial.checkpoint_dir else None
