@@ -46,7 +46,7 @@ class StoragePath:
 
     def __init__(self, location: str | Path) -> None:
         self.text = str(location)
-        self.remote = is_uri(self.text)
+        self.remote = is_uri(self.text)  # opened through pyarrow (a bucket; a file:// URI too)
 
     @cached_property
     def _fs(self) -> tuple[pafs.FileSystem, str]:
@@ -84,7 +84,10 @@ class StoragePath:
         if not self.remote:
             return StoragePath(Path(self.text) / name)
         parts = urlsplit(self.text)
-        return StoragePath(urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name.strip('/')}")))
+        child = StoragePath(urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name.strip('/')}")))
+        if "_fs" in self.__dict__:  # the parent's client: no second from_uri (which may look up the bucket's region)
+            child.__dict__["_fs"] = (self.filesystem, f"{self.fs_path.rstrip('/')}/{name.strip('/')}")
+        return child
 
     def __str__(self) -> str:
         return self.text

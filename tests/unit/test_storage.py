@@ -47,6 +47,7 @@ def test_a_bucket_location_keeps_its_query_on_every_child() -> None:
     assert str(trial) == "s3://b/ray/tune-x/trial_1?endpoint_override=127.0.0.1:9000&scheme=http&region=us-east-1"
     assert (trial.name, trial.parent, trial.remote) == ("trial_1", root / "tune-x", True)
     assert trial.fs_path == "b/ray/tune-x/trial_1"
+    assert root.fs_path == "b/ray" and (root / "tune-x").fs_path == StoragePath(str(root / "tune-x")).fs_path
     assert root.child_of_fs_path("b/ray/tune-x/trial_1/checkpoint_000001") == trial / "checkpoint_000001"
     local = StoragePath("/data/ray")
     assert (local / "tune-x").local == Path("/data/ray/tune-x") and not local.remote
