@@ -32,7 +32,9 @@ def s3_study(project: Project, new_bucket: Callable[[], Bucket]) -> dict:
     bucket = new_bucket()
     params = project.read_params()
     original = (project.path / "params.yaml").read_text()
-    params["sweep"].update(variants=["sa_generalized_9"], fail_once_after_epoch=1, storage_path=bucket.uri("ray"))
+    # A seed no other test trains: a trial of the same identity (model, train config, data, code) would be reused.
+    params["sweep"].update(variants=["sa_generalized_9"], seeds=[21], fail_once_after_epoch=1,
+                           storage_path=bucket.uri("ray"))  # fmt: skip
     params["prune"] = {**params["prune"], "mode": "fraction", "fraction": 0.5, "epochs": EPOCHS, "variants": None}
     project.write_params(params)
     try:
@@ -93,7 +95,7 @@ def test_an_interrupted_sweep_is_restored_from_the_bucket(project: Project, proj
     """SIGINT once a trial has saved a checkpoint in the bucket: the re-run restores the Tune experiment from the
     bucket, continues the same parent and trial runs, and logs every epoch once."""
     project_params["train"]["epochs"] = 3
-    project_params["sweep"].update(fail_once_after_epoch=None, storage_path=bucket.uri("ray"))
+    project_params["sweep"].update(seeds=[22], fail_once_after_epoch=None, storage_path=bucket.uri("ray"))
     project.write_params(project_params)
 
     def saved() -> bool:
