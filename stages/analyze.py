@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pipeline.config import Params
 from pipeline.prune.manifest import read_prune_manifest
-from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root, store_root
+from pipeline.sweep.location import adopt_default_store, store_root
 from pipeline.sweep.manifest import read_tune_manifest
 from stages._cli import main_for, make_parser
 
@@ -50,9 +50,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     root = store_root(Path.cwd())  # the manifests' paths and the default store are the project's
     tune = read_tune_manifest(args.tune_manifest, root)  # bad input fails here, before anything is written
     prune = read_prune_manifest(args.prune_manifest, root) if args.prune_manifest.is_file() else None
-    default_store = root / "mlflow.db"
-    if params.tracking.uri is None and tune.tracking_uri == f"sqlite:///{default_store}" and default_store.is_file():
-        adopt_artifact_root(default_store, root / ARTIFACTS_DIR)  # a copied or moved project reads its own artifacts
+    adopt_default_store(tune.tracking_uri, params.tracking.uri, root)  # a copied or moved project reads its own
     if prune is None:
         log.info("no %s: the pruned row and Fig. 7's marks wait for the prune stage", args.prune_manifest)
     # MLflow, torch and matplotlib are imported after the inputs are known good: --help and bad input stay fast.

@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline.config import Params
 from pipeline.io import check_tracking_server, write_json_atomic
 from pipeline.prune.manifest import write_prune_manifest
-from pipeline.sweep.location import ARTIFACTS_DIR, store_root
+from pipeline.sweep.location import adopt_default_store, store_root
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import read_tune_manifest
 from pipeline.sweep.session import prepare_driver_env
@@ -52,8 +52,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     sources, skipped = select_sources(params, manifest)
     if sources:
         check_tracking_server(manifest.tracking_uri, f"{TUNE_MANIFEST} (tracking_uri)")
-        if params.tracking.uri is None and manifest.tracking_uri == tracking.tracking_uri(params.tracking, root):
-            tracking.prepare_store(manifest.tracking_uri, root / ARTIFACTS_DIR)  # a copied or moved project's own
+        adopt_default_store(manifest.tracking_uri, params.tracking.uri, root)  # a copied or moved project's own
         tracking.check_runs_exist(manifest.tracking_uri, [s.run_id for s in sources], TUNE_MANIFEST)
         cache = driver_dir(storage_dir(params, root), root) / "downloaded-checkpoints"
         sources = local_sources(sources, manifest.tracking_uri, cache, TUNE_MANIFEST)

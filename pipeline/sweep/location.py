@@ -16,6 +16,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+DEFAULT_STORE = "mlflow.db"  # the default MLflow store (tracking.uri unset): <project>/mlflow.db
 ARTIFACTS_DIR = "mlartifacts"  # beside the default store: <project>/mlflow.db, <project>/mlartifacts
 # Every column of MLflow 3.17's sqlite schema that holds an artifact location (tracking and registry tables).
 ARTIFACT_COLUMNS = (
@@ -42,6 +43,20 @@ def store_root(workspace: Path) -> Path:
         log.info("stores (MLflow, Ray results, stage locks) resolve against the DVC repository %s, not the "
                  "temporary workspace %s (a queued or --temp experiment)", root, workspace)  # fmt: skip
     return root
+
+
+def default_store_uri(project_root: Path) -> str:
+    """The project's default tracking store: sqlite at an absolute ``<project>/mlflow.db`` (never ``./mlruns``)."""
+    return f"sqlite:///{(project_root / DEFAULT_STORE).resolve()}"
+
+
+def adopt_default_store(uri: str, configured: str | None, project_root: Path) -> None:
+    """Before a later stage reads artifacts through ``uri`` (a manifest's store): when it is this project's default
+    store (``tracking.uri`` unset, the database present), point the locations a copied or moved project inherited at
+    its own ``mlartifacts`` (``adopt_artifact_root``); any other store is left alone."""
+    database = project_root / DEFAULT_STORE
+    if configured is None and uri == default_store_uri(project_root) and database.is_file():
+        adopt_artifact_root(database, project_root / ARTIFACTS_DIR)
 
 
 def adopt_artifact_root(database: Path, artifacts: Path) -> int:

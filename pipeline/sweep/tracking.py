@@ -36,7 +36,7 @@ from ray.tune import Callback
 from ray.tune.utils import flatten_dict
 
 from pipeline.config import TrackingConfig
-from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root
+from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root, default_store_uri
 from pipeline.sweep.logged_model import PreparedDataset
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
 from pipeline.sweep.reuse import TRIAL_PATH_TAG
@@ -99,7 +99,7 @@ class SweepRun:
 
 def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
     """``tracking.uri`` or an sqlite store at an absolute ``<project>/mlflow.db`` (never ``./mlruns``)."""
-    return cfg.uri or f"sqlite:///{(project_root / 'mlflow.db').resolve()}"
+    return cfg.uri or default_store_uri(project_root)
 
 
 def prepare_store(uri: str, artifacts: Path | None = None) -> None:
