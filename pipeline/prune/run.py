@@ -117,7 +117,8 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
                               tune_manifest.experiment_id, "", rule, [], skipped)  # fmt: skip
         return PruneOutcome(empty)
     storage = storage_dir(params, project_root)
-    flush_buffers(storage, driver_dir(storage, project_root))  # what an outage left buffered, before reuse reads runs
+    local = driver_dir(storage, project_root)  # what the driver keeps on its own disk (the outage buffer)
+    flush_buffers(storage, local)  # what an outage left buffered, before reuse reads runs
     keys = {plan.key: prune_key(params, plan) for plan in plans}
     name = prune_name(list(keys.values()))
     path = storage / name
@@ -163,8 +164,7 @@ def run_prune(params: Params, data: PreparedData, project_root: Path, tune_manif
     write_plan(path, decided)
     run_info = functools.partial(finetune_run_info, params_json=tuned.model_dump(mode="json"),
                                  data_hash=content_hash(data), plans=summaries)  # fmt: skip
-    buffer_dir = driver_dir(storage, project_root) / name  # the outage buffer: on this disk, beside the experiment
-    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, tuned.train.epochs, None, buffer_dir, storage)
+    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, tuned.train.epochs, None, local / name, storage)
     records = fit_tracked(tuned, data, path, sweep, callback, restore=restore, trials=trials) if trials else []
     by_key = {f"{r.variant}-seed{r.seed}": r for r in records}
     models = [

@@ -3,8 +3,8 @@
 - **Shared storage**: Ray keeps checkpoints under ``sweep.storage_path`` (a shared file system or a bucket) and,
   since Ray 2.7, never copies them between nodes. A node that does not see that path fails its trials with "Unable
   to set up cluster storage" (each failure burns one of ``sweep.max_failures``) and a retried trial cannot find its
-  checkpoint. The probe: the driver
-  writes a marker, a tiny task pinned to each node reads it and writes its own, the driver reads those back.
+  checkpoint. The probe: the driver writes a marker, a tiny task pinned to each node reads it and writes its own,
+  the driver reads those back.
 - **The driver's trial code**: the same task hashes the trial code it imports there (shipped as the job's
   ``working_dir``); a node importing another copy of the project would train something else.
 - **One tracking store**: an sqlite file lives on the driver's disk only; with workers elsewhere the runs belong in one

@@ -79,22 +79,33 @@ def is_complete(run: Run, epochs: int) -> bool:
     )  # fmt: skip
 
 
+def checkpoint_epoch(directory: StoragePath) -> int | None:
+    """The epoch of the checkpoint in ``directory`` (local or in a bucket); None, with a warning naming the file, when
+    there is none or it does not load (truncated by a crash, deleted by Tune's ``num_to_keep``)."""
+    from pipeline.trial.checkpoint import CorruptCheckpointError, load_checkpoint  # torch: only when one is read
+
+    if not (directory / CHECKPOINT_FILE).is_file():
+        log.warning("skipping %s: it holds no %s", directory, CHECKPOINT_FILE)
+        return None
+    try:
+        with directory.as_local() as local:
+            return int(load_checkpoint(local)["epoch"])
+    except (FileNotFoundError, CorruptCheckpointError) as err:
+        log.warning("skipping %s: %s", directory, err)
+        return None
+
+
 def newest_checkpoint(trial_path: StoragePath) -> tuple[StoragePath, int] | None:
     """The newest ``checkpoint_*`` dir under a Ray trial folder (local or in a bucket) whose checkpoint loads, with
-    its epoch; a checkpoint that does not load (truncated by a crash) is skipped, naming the file."""
-    from pipeline.trial.checkpoint import CorruptCheckpointError, load_checkpoint  # torch: only when resuming
-
+    its epoch; one that does not load is skipped for the one before it (``checkpoint_epoch``)."""
     try:
         directories = trial_path.subdirs("checkpoint_")
     except OSError as err:  # a bucket or endpoint an earlier run recorded and that is gone: nothing to resume from
         log.warning("not resuming from %s: %s", trial_path, str(err).splitlines()[0][:200])
         return None
     for directory in reversed(directories):
-        try:
-            with directory.as_local() as local:
-                return directory, int(load_checkpoint(local)["epoch"])
-        except (FileNotFoundError, CorruptCheckpointError) as err:  # fall back to the previous checkpoint
-            log.warning("not resuming from %s: %s", directory, err)
+        if (epoch := checkpoint_epoch(directory)) is not None:
+            return directory, epoch
     return None
 
 

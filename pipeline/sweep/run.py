@@ -182,7 +182,8 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path, *,
     (``pipeline.sweep.submit``), whose commit and submission id the runs record."""
     preflight(params, project_root)
     storage = storage_dir(params, project_root)
-    flush_buffers(storage, driver_dir(storage, project_root))  # reuse and restore read the runs: bring them up to date
+    local = driver_dir(storage, project_root)  # what the driver keeps on its own disk (the outage buffer)
+    flush_buffers(storage, local)  # reuse and restore read the runs: bring them up to date first
     data_hash = content_hash(data)
     name = experiment_name(params, data_hash)
     path = storage / name
@@ -206,8 +207,7 @@ def run_sweep(params: Params, data: PreparedData, project_root: Path, *,
     log.info("sweep %s: %s", name, ", ".join(f"{p.variant} seed {p.seed}: {p.describe()}" for p in plans))
     run_info = functools.partial(trial_run_info, params_json=params.model_dump(mode="json"), data_hash=data_hash)
     dataset = PreparedDataset.of(params.data, data_hash, project_root)
-    buffer_dir = driver_dir(storage, project_root) / name  # the outage buffer: on this disk, beside the experiment
-    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs, dataset, buffer_dir,
+    callback = tracking.MlflowTrialCallback(sweep, run_info, base_tags, params.train.epochs, dataset, local / name,
                                             storage)  # fmt: skip
     reused = reused_records(sweep, plans)  # read now, while the server is known to answer
     records = fit_tracked(params, data, path, sweep, callback, restore=restored, trials=to_train) if to_train else []

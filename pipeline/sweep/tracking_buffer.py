@@ -6,9 +6,9 @@ minutes by default) made every write raise, and the sweep died while its trials 
 
 - a write that fails because the server cannot be reached (connection refused or reset, a timeout, 5xx replies until
   the retries ran out) is appended to ``BUFFER_FILE`` in the Ray experiment directory (on the driver's disk,
-  ``storage.driver_dir``, when the storage is a bucket, where it is parked only when the stage ends with writes
-  still waiting), one JSON object a line, fsync'd, so a driver that dies keeps it; a request the server refuses
-  (4xx: a bad request) still raises;
+  ``pipeline.sweep.storage.driver_dir``, when the storage is a bucket, where it is parked only when the stage ends
+  with writes still waiting), one JSON object a line, fsync'd, so a driver that dies keeps it; a request the server
+  refuses (4xx: a bad request) still raises;
 - every later write queues behind it, so a run's epochs stay before its termination; a write that was sent (and
   may have reached the server before the reply was lost) skips on replay the epochs its run already has;
 - while the server is known down no write enters the client's retry loop: a short probe of ``/health`` at most every
@@ -34,9 +34,8 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.io import write_json_atomic, write_text_atomic
 from pipeline.sweep.logged_model import PreparedDataset, log_checkpoint
+from pipeline.sweep.reuse import checkpoint_epoch, newest_checkpoint
 from pipeline.sweep.storage import StoragePath
-from pipeline.trial.checkpoint import checkpoint_loads
-from pipeline.trial.report import CHECKPOINT_FILE
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +74,10 @@ def server_answers(uri: str) -> bool:
 
 def newest_loading_checkpoint(preferred: StoragePath, trial_dir: StoragePath) -> StoragePath | None:
     """``preferred`` when it still loads, else the trial's newest checkpoint that does (None: none does)."""
-
-    def loads(checkpoint: StoragePath) -> bool:
-        if not (checkpoint / CHECKPOINT_FILE).is_file():
-            return False
-        with checkpoint.as_local() as local:
-            return checkpoint_loads(local)
-
-    if loads(preferred):
+    if checkpoint_epoch(preferred) is not None:
         return preferred
-    others = [p for p in reversed(trial_dir.subdirs("checkpoint_")) if p != preferred]
-    return next((p for p in others if loads(p)), None)
+    found = newest_checkpoint(trial_dir)
+    return found[0] if found else None
 
 
 class TrackingBuffer:
@@ -324,9 +316,9 @@ def park_buffer(buffer_file: Path, experiment: StoragePath) -> None:
 
 def flush_buffers(storage: StoragePath, local_root: Path) -> None:
     """Before a stage plans anything: replay what earlier runs buffered under ``local_root`` (one file per Ray
-    experiment; ``storage.driver_dir``), first taking back the buffers parked in a bucket (``park_buffer``), since
-    reuse and restore read the runs' states. A server still down only warns: preflight has already checked this
-    stage's own tracking server."""
+    experiment; ``pipeline.sweep.storage.driver_dir``), first taking back the buffers parked in a bucket
+    (``park_buffer``), since reuse and restore read the runs' states. A server still down only warns: preflight has
+    already checked this stage's own tracking server."""
     if storage.remote:
         for experiment in storage.subdirs():
             if not (experiment / BUFFER_FILE).is_file():
