@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.config import ConfigError, Params, load_params, params_hash, parse_params
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from pipeline.data.prepared import PreparedData, load_prepared, save_prepared
 from pipeline.data.sources import CIFAR10_MEAN, CIFAR10_STD, channel_stats, prepare_dataset, provenance
 from stages import prepare as prepare_stage
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[4]
 
 
 def _cifar_cfg(path: Path | str, verify: bool = False, **kw) -> DataConfig:

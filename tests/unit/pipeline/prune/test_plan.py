@@ -13,7 +13,7 @@ from pipeline.prune.run import finetune_params, prune_key, prune_name
 from pipeline.sweep.manifest import TrialRecord, TuneManifest
 from pipeline.trial.checkpoint import save_model_checkpoint
 
-PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[4] / "params.yaml"
 
 
 def _params(**prune: object) -> object:

@@ -18,7 +18,7 @@ from pipeline.sweep.cluster import check_tracking_store, check_views
 from pipeline.sweep.identity import code_hash
 from pipeline.trial.code_version import TrialCodeMismatch, check_trial_code
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture(autouse=True)

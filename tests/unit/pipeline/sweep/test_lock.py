@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.sweep.lock import StageRunningError, hold_stage_lock
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 HOLD = (
     "import sys, time; from pipeline.sweep.lock import hold_stage_lock; hold_stage_lock(sys.argv[1], sys.argv[2]); "
     "print('held', flush=True); time.sleep(600)"

@@ -16,7 +16,7 @@ from pipeline.config import load_params, parse_params
 from pipeline.sweep.plan import preflight
 from stages import tune as tune_stage
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def _raw() -> dict:

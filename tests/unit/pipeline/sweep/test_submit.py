@@ -21,7 +21,7 @@ from pipeline.sweep.submit import (
     publish_outputs,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 SERVER = "http://127.0.0.1:1"  # nothing listens on port 1: the check must fail on the server, not before
 
 

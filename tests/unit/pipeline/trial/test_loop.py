@@ -29,7 +29,7 @@ from pipeline.trial.loop import (
 )
 from pipeline.trial.report import METRIC_KEYS
 
-PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[4] / "params.yaml"
 TINY_SA = ModelConfig(hidden=8, layers=2, heads=4, ffn=16, learned_dim=8, resnet_width=4)
 TINY_TRAIN = TrainConfig(epochs=3, batch_size=16, eval_batch_size=32, device="cpu", crop_padding=1, seed=3)
 
