@@ -51,8 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=positive_int, default=100, help="timed training steps per process")
     parser.add_argument("--batch-size", type=positive_int, default=100)
     parser.add_argument("--no-amp", action="store_true", help="fp32 instead of bf16 autocast")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                        help="auto: CUDA, or skip without one; cpu: reduced-size check of the script")  # fmt: skip
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="auto: CUDA, or skip without one; cpu: reduced-size check of the script",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from pipeline.config import PAPER_VARIANTS
@@ -100,8 +104,20 @@ def worker(args: argparse.Namespace) -> None:
 
 def run(count: int, args: argparse.Namespace) -> list[WorkerResult]:
     """Start ``count`` workers, release them together once all are warm, collect their results."""
-    command = [sys.executable, "-m", "benchmarks.gpu_sharing", "--worker", "--model", args.model, "--device",
-               args.device, "--steps", str(args.steps), "--batch-size", str(args.batch_size)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.gpu_sharing",
+        "--worker",
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+    ]
     command += ["--no-amp"] if args.no_amp else []
     processes = [
         subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
@@ -142,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.device == "auto":
         if not torch.cuda.is_available():
-            print("gpu_sharing: no CUDA device here, so there is no GPU to share; skipped (run it on a GPU machine, "
-                  "or --device cpu to check the script at reduced size).")  # fmt: skip
+            print(
+                "gpu_sharing: no CUDA device here, so there is no GPU to share; skipped (run it on a GPU machine, "
+                "or --device cpu to check the script at reduced size)."
+            )
             return 0
         args.device = "cuda"
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (REDUCED SIZE, 1 thread per worker)"

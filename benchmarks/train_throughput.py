@@ -145,8 +145,12 @@ def measure(
         set_gaussian_heads(model, tuple(args.head_alpha), jitter=0.1)
     generator = torch.Generator().manual_seed(0)
     data = synthetic_device_data(device, args.steps * args.batch_size, 2 * args.eval_batch_size, generator)
-    flops = count_training_flops(model, data.normalise(data.train_images[: args.batch_size].float() / 255),
-                                 data.train_labels[: args.batch_size], amp)  # fmt: skip
+    flops = count_training_flops(
+        model,
+        data.normalise(data.train_images[: args.batch_size].float() / 255),
+        data.train_labels[: args.batch_size],
+        amp,
+    )
     if path == "compiled":
         torch._dynamo.reset()  # as train.compile does: earlier models' graphs must not fill the recompile limit
     runner = torch.compile(model) if path == "compiled" else model
@@ -226,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.steps} steps; paper-size figures need a GPU (or --full-size)"
         )
     if not on_gpu:
-        print("CPU: 'optimised' = plain numerics (bf16 autocast is CUDA-only, as in train.amp); compiled path only "
-              "with --paths")  # fmt: skip
+        print(
+            "CPU: 'optimised' = plain numerics (bf16 autocast is CUDA-only, as in train.amp); compiled path only "
+            "with --paths"
+        )
     if args.head_alpha is not None:
         print(f"Gaussian heads set trained-like: 3x3/4x4 grid of centres, alpha in {args.head_alpha}")
     print(f"truncated path: attention_window_eps = {args.eps}; epoch = {TRAIN_IMAGES:,} train + {TEST_IMAGES:,} test")

@@ -45,8 +45,11 @@ from pipeline.models.local_attention import LocalMultiHeadSelfAttention, dense_f
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """The parser (for errors found later, in the params file) and the checked arguments; ``args.eps`` is a tuple."""
     parser = make_parser("truncation", __doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="sa_quadratic_9", choices=[n for n in PAPER_VARIANTS if "learned" not in n
-                                                                       and n != "resnet18"])  # fmt: skip
+    parser.add_argument(
+        "--model",
+        default="sa_quadratic_9",
+        choices=[n for n in PAPER_VARIANTS if "learned" not in n and n != "resnet18"],
+    )
     parser.add_argument(
         "--eps",
         type=probabilities,
@@ -61,8 +64,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
         metavar=("LOW", "HIGH"),
         help="Gaussian heads' alpha, log-uniform in [LOW, HIGH], 0 < LOW <= HIGH (default: 1 10)",
     )
-    parser.add_argument("--jitter", type=non_negative_float, default=0.1,
-                        help="std of the centres around the 3x3 grid, >= 0 (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--jitter",
+        type=non_negative_float,
+        default=0.1,
+        help="std of the centres around the 3x3 grid, >= 0 (default: %(default)s)",
+    )
     parser.add_argument(
         "--batch-size", type=positive_int, default=4, help="images of the error table (default: %(default)s)"
     )
@@ -118,8 +125,10 @@ def error_table(args: argparse.Namespace, device: torch.device) -> None:
     images = torch.randn(args.batch_size, 3, 32, 32, device=device)
     logits, _, dense_heads = _heads_outputs(dense, images)
     dense_forward = count_flops(dense).full
-    print(f"{args.model}, paper size; heads: 3x3 grid + N(0, {args.jitter}^2) jitter, alpha log-uniform in "
-          f"{list(args.alpha)}; eval mode, batch {args.batch_size}")  # fmt: skip
+    print(
+        f"{args.model}, paper size; heads: 3x3 grid + N(0, {args.jitter}^2) jitter, alpha log-uniform in "
+        f"{list(args.alpha)}; eval mode, batch {args.batch_size}"
+    )
     print(f"exact attention: {dense_forward / 1e9:.3f} GFLOP per image (full convention, multiply-add = 2)\n")
     header = (
         f"{'eps':>7} {'GFLOP/img':>9} {'saved':>6} {'attn sums saved':>15} {'K per layer':>20} "
@@ -174,15 +183,19 @@ def accuracy_run(args: argparse.Namespace, params: Params, data: PreparedData) -
     from pipeline.trial.loop import run_trial
 
     train_cfg = params.train.model_copy(update={"epochs": args.train_epochs, "device": args.device})
-    print(f"\ntraining {args.model} on {params.data.dataset} ({args.params}, model section's sizes), "
-          f"{args.train_epochs} epochs, seed {train_cfg.seed}")  # fmt: skip
+    print(
+        f"\ntraining {args.model} on {params.data.dataset} ({args.params}, model section's sizes), "
+        f"{args.train_epochs} epochs, seed {train_cfg.seed}"
+    )
     for eps in (None, args.train_eps):
         cfg = params.model_for(args.model).model_copy(update={"attention_window_eps": eps})
         started = time.perf_counter()
         label = "exact" if eps is None else f"eps {eps:.0e}"
         final = run_trial(cfg, train_cfg, data, epoch_reporter(label, args.train_epochs))
-        print(f"  {label:<10} test acc {final['test_acc']:.4f}  test loss {final['test_loss']:.4f}  "
-              f"({time.perf_counter() - started:.0f} s)")  # fmt: skip
+        print(
+            f"  {label:<10} test acc {final['test_acc']:.4f}  test loss {final['test_loss']:.4f}  "
+            f"({time.perf_counter() - started:.0f} s)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,8 +47,11 @@ def check_creatable_dir(path: Path) -> None:
     while not target.exists():
         target = target.parent
     if not target.is_dir():
-        raise ValueError(f"cannot create {path}: {target} exists and is not a directory" if target != path
-                         else f"{path} exists and is not a directory")  # fmt: skip
+        raise ValueError(
+            f"cannot create {path}: {target} exists and is not a directory"
+            if target != path
+            else f"{path} exists and is not a directory"
+        )
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=target))
     except OSError as err:

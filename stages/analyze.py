@@ -59,8 +59,11 @@ def stage(args: argparse.Namespace, params: Params) -> int:
 
     data = params.data.model_dump(mode="json")
     with tempfile.TemporaryDirectory(prefix="analysis-artifacts-") as cache:
-        log.info("step 1/3: fetching %d runs from %s", len(tune.trials) + len(prune.models if prune else []),
-                 tune.tracking_uri)  # fmt: skip
+        log.info(
+            "step 1/3: fetching %d runs from %s",
+            len(tune.trials) + len(prune.models if prune else []),
+            tune.tracking_uri,
+        )
         study = load_study(tune, prune, Path(cache))
         log.info("step 2/3: writing tables, figures and the report")
         outputs = write_outputs(study, setting_of(data, study), Layout(Path.cwd()))

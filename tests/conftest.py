@@ -28,8 +28,11 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # Buckets in tests are served by a local S3-compatible server (``s3``): credentials it accepts, set before any Ray
 # starts so its workers inherit them (as a cluster's nodes get theirs), and the AWS SDK never asks a metadata service.
-for _key, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_EC2_METADATA_DISABLED": "true"}.items():  # fmt: skip
+for _key, _value in {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}.items():
     os.environ[_key] = _value
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

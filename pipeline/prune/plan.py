@@ -73,13 +73,15 @@ def select_sources(params: Params, manifest: TuneManifest) -> tuple[list[TrialRe
             sources.append(trial)
         else:
             reason = f"trial status {trial.status!r} (only finished trials are pruned)"
-            skipped.append({"variant": trial.variant, "seed": str(trial.seed), "run_id": str(trial.run_id),
-                            "reason": reason})  # fmt: skip
+            skipped.append(
+                {"variant": trial.variant, "seed": str(trial.seed), "run_id": str(trial.run_id), "reason": reason}
+            )
     return sources, skipped
 
 
-def local_sources(sources: list[TrialRecord], tracking_uri: str, cache_dir: Path,
-                  manifest_path: Path) -> list[TrialRecord]:  # fmt: skip
+def local_sources(
+    sources: list[TrialRecord], tracking_uri: str, cache_dir: Path, manifest_path: Path
+) -> list[TrialRecord]:
     """The sources with a checkpoint on this disk: the Ray copy (``sweep.storage_path``; from a bucket, downloaded
     into ``cache_dir/<run id>``) where it still exists, else the run's ``checkpoint`` artifact downloaded through
     MLflow into ``cache_dir/<run id>`` (a reused run from an earlier sweep whose Ray results were deleted, or another
@@ -101,8 +103,12 @@ def local_sources(sources: list[TrialRecord], tracking_uri: str, cache_dir: Path
             )
         destination = cache_dir / str(trial.run_id)
         destination.mkdir(parents=True, exist_ok=True)
-        log.info("%s seed %d: downloading its checkpoint from MLflow (%s)", trial.variant, trial.seed,
-                 trial.artifacts["checkpoint"])  # fmt: skip
+        log.info(
+            "%s seed %d: downloading its checkpoint from MLflow (%s)",
+            trial.variant,
+            trial.seed,
+            trial.artifacts["checkpoint"],
+        )
         downloaded = mlflow.artifacts.download_artifacts(
             artifact_uri=trial.artifacts["checkpoint"], dst_path=str(destination), tracking_uri=tracking_uri
         )
@@ -121,19 +127,29 @@ def plan_pruning(params: Params, source: TrialRecord) -> PrunePlan:
         geometry = covariance_geometry(model)
     except ValueError as err:
         raise ValueError(f"prune.variants: {source.variant}: {err}") from None
-    decisions = head_decisions(geometry, mode=cfg.mode, min_eigenvalue=cfg.min_eigenvalue,
-                               max_condition=cfg.max_condition, fraction=cfg.fraction)  # fmt: skip
+    decisions = head_decisions(
+        geometry,
+        mode=cfg.mode,
+        min_eigenvalue=cfg.min_eigenvalue,
+        max_condition=cfg.max_condition,
+        fraction=cfg.fraction,
+    )
     params_before, flops_before = count_parameters(model), count_flops(model, image_shape)
     prune_model(model, decisions)
     flops_after = count_flops(model, image_shape)
     return PrunePlan(
-        source=source, model=model.eval(), image_shape=image_shape, num_classes=int(saved["num_classes"]),
-        decisions=[[d.to_dict() for d in layer] for layer in decisions], pruned_heads=pruned_per_layer(decisions),
-        heads_per_layer=list(model.heads_per_layer), params_before=params_before,
+        source=source,
+        model=model.eval(),
+        image_shape=image_shape,
+        num_classes=int(saved["num_classes"]),
+        decisions=[[d.to_dict() for d in layer] for layer in decisions],
+        pruned_heads=pruned_per_layer(decisions),
+        heads_per_layer=list(model.heads_per_layer),
+        params_before=params_before,
         params_after=count_parameters(model),
         flops_before={"paper": flops_before.paper, "full": flops_before.full},
         flops_after={"paper": flops_after.paper, "full": flops_after.full},
-    )  # fmt: skip
+    )
 
 
 def format_plans(
@@ -142,14 +158,19 @@ def format_plans(
     """The dry run: per model, the heads cut per layer and why, the parameters and FLOPs it saves, and (``actions``)
     whether its fine-tuning would reuse a finished run, resume one or train."""
     cfg = params.prune
-    rule = (f"threshold (the paper's): largest eigenvalue < {cfg.min_eigenvalue:g} or condition number > "
-            f"{cfg.max_condition:g}" if cfg.mode == "threshold"
-            else f"fraction (ours): per layer the {cfg.fraction:g} most degenerate heads, at least one")  # fmt: skip
+    rule = (
+        f"threshold (the paper's): largest eigenvalue < {cfg.min_eigenvalue:g} or condition number > "
+        f"{cfg.max_condition:g}"
+        if cfg.mode == "threshold"
+        else f"fraction (ours): per layer the {cfg.fraction:g} most degenerate heads, at least one"
+    )
     lines = [f"rule: {rule}", f"fine-tuning: {cfg.epochs} epochs at lr {params.train.lr * cfg.lr_factor:g}", ""]
     for plan in plans:
         action = f"; fine-tuning: {actions[plan.key]}" if actions and plan.key in actions else ""
-        lines.append(f"{plan.key} (run {plan.source.run_id}): heads cut per layer {plan.pruned_heads}, "
-                     f"left {plan.heads_per_layer}{action}")  # fmt: skip
+        lines.append(
+            f"{plan.key} (run {plan.source.run_id}): heads cut per layer {plan.pruned_heads}, "
+            f"left {plan.heads_per_layer}{action}"
+        )
         for layer in plan.decisions:
             lines += [f"    layer {d['layer'] + 1} head {d['head']}: {d['reason']}" for d in layer if d["pruned"]]
         lines.append(

@@ -21,8 +21,16 @@ from pathlib import Path
 from pipeline.config import Params, params_hash
 from pipeline.trial.code_version import PROJECT_ROOT, TRIAL_CODE, code_hash, trial_code_files
 
-__all__ = ["PROJECT_ROOT", "TRIAL_CODE", "code_hash", "trial_code_files", "trial_key", "sweep_hash",
-           "experiment_name", "prepared_data_hash"]  # fmt: skip
+__all__ = [
+    "PROJECT_ROOT",
+    "TRIAL_CODE",
+    "code_hash",
+    "trial_code_files",
+    "trial_key",
+    "sweep_hash",
+    "experiment_name",
+    "prepared_data_hash",
+]
 
 
 def trial_key(params: Params, variant: str, seed: int, data_hash: str) -> str:

@@ -40,8 +40,12 @@ def store_root(workspace: Path) -> Path:
     dvc_root = os.environ.get("DVC_ROOT")
     root = Path(dvc_root).resolve() if dvc_root else workspace
     if root != workspace:
-        log.info("stores (MLflow, Ray results, stage locks) resolve against the DVC repository %s, not the "
-                 "temporary workspace %s (a queued or --temp experiment)", root, workspace)  # fmt: skip
+        log.info(
+            "stores (MLflow, Ray results, stage locks) resolve against the DVC repository %s, not the "
+            "temporary workspace %s (a queued or --temp experiment)",
+            root,
+            workspace,
+        )
     return root
 
 
@@ -73,8 +77,10 @@ def adopt_artifact_root(database: Path, artifacts: Path) -> int:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         db.execute("BEGIN IMMEDIATE")
         try:
-            rows = db.execute("SELECT DISTINCT artifact_location FROM experiments WHERE artifact_location LIKE ?",
-                              (f"file://%/{ARTIFACTS_DIR}",)).fetchall()  # fmt: skip
+            rows = db.execute(
+                "SELECT DISTINCT artifact_location FROM experiments WHERE artifact_location LIKE ?",
+                (f"file://%/{ARTIFACTS_DIR}",),
+            ).fetchall()
             foreign = sorted({old for (old,) in rows if old != new})
             changed = 0
             for old in foreign:

@@ -108,8 +108,10 @@ def check_attachable(address: str, timeout_s: float = ATTACH_TIMEOUT_S) -> int:
 
         found = canonicalize_bootstrap_address(address)
         if found is None:
-            raise ValueError("sweep.ray_address: 'auto' found no Ray started on this machine (ray start --head); "
-                             "give the head's host:port")  # fmt: skip
+            raise ValueError(
+                "sweep.ray_address: 'auto' found no Ray started on this machine (ray start --head); "
+                "give the head's host:port"
+            )
         address = found
     where = gcs_host_port(address)
     if where is None:

@@ -94,8 +94,9 @@ class TwoNodeCluster:
         if node_dir:
             node_dir.mkdir()
         with log.open("w") as err:
-            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                                       start_new_session=True)  # fmt: skip
+            process = subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+            )
         node = RayNode(process, "", log, f"http://127.0.0.1:{ports[2]}")
         ready, _, _ = select.select([process.stdout], [], [], NODE_START_S)
         line = process.stdout.readline() if ready else ""
@@ -108,8 +109,13 @@ class TwoNodeCluster:
     def driver_env(self, **changes: str | None) -> dict[str, str]:
         """A driver's environment: the cluster's address and token file, nothing else of Ray's set up for it (no
         RAY_AUTH_MODE, no loopback variable: the stage sets them); ``changes`` set or (None) remove variables."""
-        env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "RAY_ADDRESS": self.address,
-               "RAY_AUTH_TOKEN_PATH": str(self.token_file), "MLFLOW_DISABLE_TELEMETRY": "true"}  # fmt: skip
+        env = {
+            **os.environ,
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+            "RAY_ADDRESS": self.address,
+            "RAY_AUTH_TOKEN_PATH": str(self.token_file),
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+        }
         for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "PYTHONPATH", "RAY_TMPDIR"):
             env.pop(key, None)
         for key, value in changes.items():
@@ -126,11 +132,16 @@ def cluster() -> Iterator[TwoNodeCluster]:
     temp_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     token_file = temp_dir / "auth_token"
     token_file.write_text(os.urandom(24).hex())
-    node_env = {**os.environ, "RAY_TMPDIR": str(temp_dir), "RAY_AUTH_MODE": "token",
-                "RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                "RAY_USAGE_STATS_ENABLED": "0",
-                # A cluster's nodes have the project's dependencies: a submitted job's `python` is this venv's
-                "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    node_env = {
+        **os.environ,
+        "RAY_TMPDIR": str(temp_dir),
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_file),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # A cluster's nodes have the project's dependencies: a submitted job's `python` is this venv's
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+    }
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
         node_env.pop(key, None)
     port = free_port()
@@ -151,8 +162,9 @@ def tiny_cluster_params(**tracking: object) -> dict:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["model"].update(hidden=16, ffn=32, layers=1, learned_dim=8, resnet_width=4)
     params["train"].update(epochs=1)
-    params["sweep"].update(variants=["sa_quadratic_9", "resnet18"], seeds=[0], max_concurrent_trials=2,
-                           resources={"cpu": 1, "gpu": 0})  # fmt: skip
+    params["sweep"].update(
+        variants=["sa_quadratic_9", "resnet18"], seeds=[0], max_concurrent_trials=2, resources={"cpu": 1, "gpu": 0}
+    )
     params["tracking"] = {"experiment": "it-cluster", **tracking}
     return params
 
@@ -165,24 +177,35 @@ class ClusterProject:
         (self.path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     def stage(self, env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", *args], cwd=self.path, env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", *args], cwd=self.path, env=env, capture_output=True, text=True, timeout=timeout
+        )
 
 
 @pytest.fixture(scope="session")
 def cluster_project(tmp_path_factory: pytest.TempPathFactory) -> ClusterProject:
     """Tracked + not-ignored files of the working tree, committed in a fresh git repo, data prepared."""
     path = tmp_path_factory.mktemp("cluster-project")
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for name in listed:
         if (ROOT / name).is_file() and name != "dvc.lock":
             (path / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, path / name)
     project = ClusterProject(path)
     project.write_params(tiny_cluster_params())
-    git = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@localhost"}  # fmt: skip
+    git = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@localhost",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@localhost",
+    }
     for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "tiny"]):
         subprocess.run(command, cwd=path, env=git, check=True, capture_output=True)
     started = time.monotonic()

@@ -24,14 +24,23 @@ import ray._private.utils
 
 
 def main(role: str, where: str, agent_port: str, metrics_port: str, dashboard_port: str) -> None:
-    common = {"node_ip_address": "127.0.0.1", "num_cpus": 1, "num_gpus": 0, "object_store_memory": 150 * 1024**2,
-              "temp_dir": os.environ["RAY_TMPDIR"], "min_worker_port": 0, "max_worker_port": 0,
-              "dashboard_agent_listen_port": int(agent_port), "metrics_export_port": int(metrics_port),
-              "dashboard_port": int(dashboard_port)}  # fmt: skip
+    common = {
+        "node_ip_address": "127.0.0.1",
+        "num_cpus": 1,
+        "num_gpus": 0,
+        "object_store_memory": 150 * 1024**2,
+        "temp_dir": os.environ["RAY_TMPDIR"],
+        "min_worker_port": 0,
+        "max_worker_port": 0,
+        "dashboard_agent_listen_port": int(agent_port),
+        "metrics_export_port": int(metrics_port),
+        "dashboard_port": int(dashboard_port),
+    }
     if role == "head":
         # The dashboard serves the Jobs API (`ray job submit`, the stage's --submit), on 127.0.0.1 like the rest.
-        params = ray._private.parameter.RayParams(gcs_server_port=int(where), include_dashboard=True,
-                                                  dashboard_host="127.0.0.1", **common)  # fmt: skip
+        params = ray._private.parameter.RayParams(
+            gcs_server_port=int(where), include_dashboard=True, dashboard_host="127.0.0.1", **common
+        )
     else:
         params = ray._private.parameter.RayParams(gcs_address=where, include_log_monitor=False, **common)
     node = ray._private.node.Node(params, head=role == "head", shutdown_at_exit=True, spawn_reaper=True)

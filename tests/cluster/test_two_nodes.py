@@ -36,16 +36,18 @@ def _failed_fast(done: subprocess.CompletedProcess, seconds: float, *needles: st
 
 def _attach_check(project: ClusterProject, env: dict[str, str]) -> tuple[str, float]:
     """The stage's attach check alone, timed after the imports: its message and seconds."""
-    code = ("import sys, time\n"
-            "from pipeline.config import parse_params\n"
-            "from pipeline.sweep.session import check_attachable, prepare_driver_env, ray_address\n"
-            "sweep = parse_params({}, 'test').sweep\n"
-            "prepare_driver_env(sweep)\n"
-            "import ray._raylet\n"
-            "started = time.monotonic()\n"
-            "try:\n    check_attachable(ray_address(sweep))\n    print('attached')\n"
-            "except ValueError as err:\n    print(err)\n"
-            "print(time.monotonic() - started)\n")  # fmt: skip
+    code = (
+        "import sys, time\n"
+        "from pipeline.config import parse_params\n"
+        "from pipeline.sweep.session import check_attachable, prepare_driver_env, ray_address\n"
+        "sweep = parse_params({}, 'test').sweep\n"
+        "prepare_driver_env(sweep)\n"
+        "import ray._raylet\n"
+        "started = time.monotonic()\n"
+        "try:\n    check_attachable(ray_address(sweep))\n    print('attached')\n"
+        "except ValueError as err:\n    print(err)\n"
+        "print(time.monotonic() - started)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=project.path, env=env, capture_output=True, text=True)
     *_, message, seconds = done.stdout.strip().splitlines()
     assert float(seconds) < CHECK_S, f"{message}: {seconds} s"
@@ -98,8 +100,11 @@ def test_a_bucket_is_storage_every_node_shares(
         assert trial["checkpoint_dir"].startswith(f"s3://{bucket.name}/ray/{manifest['experiment_name']}/")
     assert sum(key.endswith("checkpoint_000001/checkpoint.pt") for key in keys) == 2
     assert not any(".storage-probe-" in key for key in keys)  # the probe's markers are removed
-    children = [t for t in _run_tags(cluster_project.path / "mlflow.db").values()
-                if t.get("mlflow.parentRunId") == manifest["parent_run_id"]]  # fmt: skip
+    children = [
+        t
+        for t in _run_tags(cluster_project.path / "mlflow.db").values()
+        if t.get("mlflow.parentRunId") == manifest["parent_run_id"]
+    ]
     assert {t["ray.node_id"] for t in children} == {cluster.head.node_id, cluster.worker.node_id}
     assert not (cluster_project.path / "results/ray" / manifest["experiment_name"]).exists()
 
@@ -147,8 +152,16 @@ def test_storage_a_node_does_not_share_is_refused(
     storage = tmp_path / "storage"
     storage.mkdir()
     # A third node whose view of `storage` is a private tmpfs: a node without the shared file system.
-    mount = ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"',
-             str(storage)]  # fmt: skip
+    mount = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs tmpfs "$0" && exec "$@"',
+        str(storage),
+    ]
     if subprocess.run([*mount, "true"], capture_output=True).returncode != 0:
         pytest.skip("cannot make a private mount here (needs root or user namespaces)")
     node = cluster.start_node("worker", cluster.address, prefix=mount)
@@ -169,8 +182,10 @@ def test_storage_a_node_does_not_share_is_refused(
 
 def _wait_for_alive_nodes(cluster: TwoNodeCluster, count: int, timeout_s: float = 60) -> None:
     """Until the GCS has seen a stopped node go (so the next test sees two nodes)."""
-    code = (f"from pipeline.sweep.session import check_attachable; import sys; "
-            f"sys.exit(check_attachable({cluster.address!r}) != {count})")  # fmt: skip
+    code = (
+        f"from pipeline.sweep.session import check_attachable; import sys; "
+        f"sys.exit(check_attachable({cluster.address!r}) != {count})"
+    )
     env = cluster.driver_env(RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     deadline = time.monotonic() + timeout_s
     while subprocess.run(["python", "-c", code], env=env, capture_output=True).returncode != 0:
@@ -188,8 +203,12 @@ def _run_tags(db_path: Path) -> dict[str, dict[str, str]]:
 
 def _epochs_logged(db_path: Path, run_id: str) -> list[int]:
     with sqlite3.connect(db_path) as db:
-        return [step for (step,) in db.execute(
-            "SELECT step FROM metrics WHERE run_uuid = ? AND key = 'test_acc' ORDER BY step", (run_id,))]  # fmt: skip
+        return [
+            step
+            for (step,) in db.execute(
+                "SELECT step FROM metrics WHERE run_uuid = ? AND key = 'test_acc' ORDER BY step", (run_id,)
+            )
+        ]
 
 
 def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
@@ -201,16 +220,25 @@ def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project
     cluster_project.write_params(params)
     db = cluster_project.path / "mlflow.db"
     command = [sys.executable, "-m", "stages.tune"]
-    stage = subprocess.Popen(command, cwd=cluster_project.path, env=cluster.driver_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    stage = subprocess.Popen(
+        command,
+        cwd=cluster_project.path,
+        env=cluster.driver_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     victim, killed_node = None, cluster.worker.node_id
     try:
         deadline = time.monotonic() + 300
         while victim is None:  # the worker node's trial has logged its first epoch: kill the node
             assert stage.poll() is None and time.monotonic() < deadline, "the worker node's trial never trained"
             runs = _run_tags(db) if db.exists() else {}
-            on_worker = [r for r, t in runs.items() if t.get("ray.node_id") == cluster.worker.node_id
-                         and t.get("tune.status") != "finished"]  # fmt: skip
+            on_worker = [
+                r
+                for r, t in runs.items()
+                if t.get("ray.node_id") == cluster.worker.node_id and t.get("tune.status") != "finished"
+            ]
             if on_worker and _epochs_logged(db, on_worker[0]):
                 victim = on_worker[0]
                 killed = cluster.worker.kill()
@@ -232,6 +260,8 @@ def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project
     assert killed_at == [1, 2, 3, 4]  # every epoch once: none lost, none logged twice
     assert runs[victim]["ray.node_ids"] == f"{killed_node},{cluster.head.node_id}"
     assert runs[victim]["ray.node_id"] == cluster.head.node_id
-    print(f"killed {killed} processes of the worker node; the trial's run: nodes {runs[victim]['ray.node_ids']}, "
-          f"epochs {killed_at}, retries {runs[victim].get('tune.retries')}")  # fmt: skip
+    print(
+        f"killed {killed} processes of the worker node; the trial's run: nodes {runs[victim]['ray.node_ids']}, "
+        f"epochs {killed_at}, retries {runs[victim].get('tune.retries')}"
+    )
     _wait_for_alive_nodes(cluster, 2, timeout_s=120)

@@ -35,8 +35,13 @@ def _free_port() -> int:
 def ray_address() -> Iterator[str]:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=300 * 1024**2, _node_ip_address="127.0.0.1",
-             log_to_driver=False)  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=300 * 1024**2,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+    )
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
@@ -55,12 +60,24 @@ class MlflowServer:
     def start(self) -> None:
         """Start it and wait until ``/health`` answers."""
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-        command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.home}/mlflow.db",
-                   "--artifacts-destination", str(self.home / "mlartifacts"), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--workers", "1"]  # fmt: skip
+        command = [
+            str(VENV_BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{self.home}/mlflow.db",
+            "--artifacts-destination",
+            str(self.home / "mlartifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+        ]
         with (self.home / "server.log").open("a") as log:
-            self.process = subprocess.Popen(command, cwd=self.home, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                command, cwd=self.home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + 90
         while True:
             try:
@@ -105,8 +122,13 @@ def tiny_params(**sweep: object) -> dict:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["model"].update(hidden=16, ffn=32, layers=1, learned_dim=8, resnet_width=4)
     params["train"].update(epochs=2)
-    params["sweep"].update(variants=["sa_quadratic_9", "resnet18"], seeds=[0], max_concurrent_trials=2,
-                           resources={"cpu": 1, "gpu": 0}, **sweep)  # fmt: skip
+    params["sweep"].update(
+        variants=["sa_quadratic_9", "resnet18"],
+        seeds=[0],
+        max_concurrent_trials=2,
+        resources={"cpu": 1, "gpu": 0},
+        **sweep,
+    )
     return params
 
 
@@ -132,19 +154,27 @@ class Project:
     def dvc(self, *args: str) -> subprocess.CompletedProcess:
         return self.run("dvc", *args)
 
-    def interrupt_tune(self, experiment_dir: Path, checkpoint: int, stop: signal.Signals = signal.SIGINT,
-                       timeout_s: float = 120) -> tuple[int, str]:  # fmt: skip
+    def interrupt_tune(
+        self, experiment_dir: Path, checkpoint: int, stop: signal.Signals = signal.SIGINT, timeout_s: float = 120
+    ) -> tuple[int, str]:
         """Start ``python -m stages.tune``, send it ``stop`` once a trial has saved ``checkpoint_<checkpoint>``
         (0-based) under ``experiment_dir``; its exit code and output."""
         name = f"checkpoint_{checkpoint:06d}"
         return self.interrupt_tune_when(lambda: bool(list(experiment_dir.glob(f"*/{name}"))), name, stop, timeout_s)
 
-    def interrupt_tune_when(self, saved: Callable[[], bool], what: str, stop: signal.Signals = signal.SIGINT,
-                            timeout_s: float = 120) -> tuple[int, str]:  # fmt: skip
+    def interrupt_tune_when(
+        self, saved: Callable[[], bool], what: str, stop: signal.Signals = signal.SIGINT, timeout_s: float = 120
+    ) -> tuple[int, str]:
         """Start ``python -m stages.tune``, send it ``stop`` once ``saved()`` (``what``: what it waits for, for the
         failure message); its exit code and output."""
-        stage = subprocess.Popen(["python", "-m", "stages.tune"], cwd=self.path, env=self.env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        stage = subprocess.Popen(
+            ["python", "-m", "stages.tune"],
+            cwd=self.path,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.monotonic() + timeout_s
         while not saved():
             if stage.poll() is not None or time.monotonic() > deadline:
@@ -160,16 +190,28 @@ class Project:
 def project(tmp_path_factory: pytest.TempPathFactory, ray_address: str, mlflow_server: MlflowServer) -> Project:
     """Tracked + not-ignored files of the working tree, committed in a fresh git repo, params shrunk."""
     path = tmp_path_factory.mktemp("project")
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for name in listed:
         source = ROOT / name
         if source.is_file() and name != "dvc.lock":
             (path / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, path / name)
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "RAY_ADDRESS": ray_address,
-           "MLFLOW_DISABLE_TELEMETRY": "true", "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@localhost",
-           "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        "RAY_ADDRESS": ray_address,
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "GIT_AUTHOR_NAME": "test",
+        "GIT_AUTHOR_EMAIL": "test@localhost",
+        "GIT_COMMITTER_NAME": "test",
+        "GIT_COMMITTER_EMAIL": "test@localhost",
+    }
     env.pop("PYTHONPATH", None)
     copy = Project(path, env)
     copy.write_params(

@@ -33,8 +33,9 @@ def s3_study(project: Project, new_bucket: Callable[[], Bucket]) -> dict:
     params = project.read_params()
     original = (project.path / "params.yaml").read_text()
     # A seed no other test trains: a trial of the same identity (model, train config, data, code) would be reused.
-    params["sweep"].update(variants=["sa_generalized_9"], seeds=[21], fail_once_after_epoch=1,
-                           storage_path=bucket.uri("ray"))  # fmt: skip
+    params["sweep"].update(
+        variants=["sa_generalized_9"], seeds=[21], fail_once_after_epoch=1, storage_path=bucket.uri("ray")
+    )
     params["prune"] = {**params["prune"], "mode": "fraction", "fraction": 0.5, "epochs": EPOCHS, "variants": None}
     project.write_params(params)
     try:
@@ -90,8 +91,9 @@ def test_pruning_reads_and_writes_the_bucket(s3_study: dict) -> None:
     assert any(key.startswith(f"ray/{prune['experiment_name']}/") for key in bucket.keys("ray"))
 
 
-def test_an_interrupted_sweep_is_restored_from_the_bucket(project: Project, project_params: dict,
-                                                          bucket: Bucket) -> None:  # fmt: skip
+def test_an_interrupted_sweep_is_restored_from_the_bucket(
+    project: Project, project_params: dict, bucket: Bucket
+) -> None:
     """SIGINT once a trial has saved a checkpoint in the bucket: the re-run restores the Tune experiment from the
     bucket, continues the same parent and trial runs, and logs every epoch once."""
     project_params["train"]["epochs"] = 3

@@ -41,14 +41,19 @@ def tune(project: Project, params: dict) -> dict:
         listed = json.loads(Path(client.download_artifacts(parent.info.run_id, "sweep_trials.json", tmp)).read_text())
     trained = [t for t in manifest["trials"] if not t["reused"]]
     return {
-        "manifest": manifest, "client": client, "parent": parent, "listed": listed["trials"],
+        "manifest": manifest,
+        "client": client,
+        "parent": parent,
+        "listed": listed["trials"],
         "seconds": time.monotonic() - started,
         "trained": sorted((t["variant"], t["seed"]) for t in trained),
         "reused": sorted((t["variant"], t["seed"]) for t in manifest["trials"] if t["reused"]),
         # epochs each trial of this stage run logged: the parent starting them (or a resumed run's new steps)
-        "epochs": {(t["variant"], t["seed"]): [m.step for m in client.get_metric_history(t["run_id"], "test_acc")]
-                   for t in trained},
-    }  # fmt: skip
+        "epochs": {
+            (t["variant"], t["seed"]): [m.step for m in client.get_metric_history(t["run_id"], "test_acc")]
+            for t in trained
+        },
+    }
 
 
 def runs_per_key(client: MlflowClient, manifest: dict) -> dict[str, int]:

@@ -122,8 +122,14 @@ def _refused(project: Project, params: dict) -> subprocess.CompletedProcess:
     original = (project.path / "params.yaml").read_text()
     project.write_params(params)
     try:
-        return subprocess.run(["python", "-m", "stages.prune"], cwd=project.path, env=project.env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            ["python", "-m", "stages.prune"],
+            cwd=project.path,
+            env=project.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         (project.path / "params.yaml").write_text(original)
 

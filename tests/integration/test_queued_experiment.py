@@ -57,8 +57,11 @@ def queued(project: Project, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_a_queued_experiment_keeps_its_runs_in_the_project(queued: dict) -> None:
     queued, path = queued["project"], queued["path"]
-    ref = next(line.split()[1] for line in queued.run("git", "show-ref").stdout.splitlines()
-               if line.split()[1].startswith("refs/exps/") and line.endswith("/one-epoch"))  # fmt: skip
+    ref = next(
+        line.split()[1]
+        for line in queued.run("git", "show-ref").stdout.splitlines()
+        if line.split()[1].startswith("refs/exps/") and line.endswith("/one-epoch")
+    )
     text = queued.run("git", "show", f"{ref}:results/tune/manifest.json").stdout
     assert str(path) not in text and not [w for w in (".dvc/tmp", "/tmp/") if w in text]  # no machine path in it
     manifest = json.loads(text)
@@ -108,9 +111,11 @@ def test_a_copied_then_moved_project_writes_and_reads_its_own_artifacts(queued: 
     )
     [earlier] = [r for r in of_queued if "mlflow.parentRunId" in r.data.tags]  # the queued experiment's trial run
     from_copy = mlflow.artifacts.download_artifacts(
-        run_id=earlier.info.run_id, artifact_path="checkpoint", dst_path=str(copy.with_name("from-copy")),
+        run_id=earlier.info.run_id,
+        artifact_path="checkpoint",
+        dst_path=str(copy.with_name("from-copy")),
         tracking_uri=f"sqlite:///{copy / 'mlflow.db'}",
-    )  # fmt: skip
+    )
     assert (Path(from_copy) / "checkpoint.pt").is_file()
 
     runs_before = len(client.search_runs([run.info.experiment_id]))
@@ -123,9 +128,11 @@ def test_a_copied_then_moved_project_writes_and_reads_its_own_artifacts(queued: 
     assert len(after.search_runs([run.info.experiment_id])) == runs_before  # no new run: the moved sweep is its own
     assert [m.step for m in after.get_metric_history(run.info.run_id, "test_acc")] == [1]  # no epoch trained again
     downloaded = mlflow.artifacts.download_artifacts(
-        run_id=earlier.info.run_id, artifact_path="checkpoint", dst_path=str(moved.with_name("downloaded")),
+        run_id=earlier.info.run_id,
+        artifact_path="checkpoint",
+        dst_path=str(moved.with_name("downloaded")),
         tracking_uri=f"sqlite:///{moved / 'mlflow.db'}",
-    )  # fmt: skip
+    )
     assert (Path(downloaded) / "checkpoint.pt").is_file()
     location = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}").get_run(earlier.info.run_id).info.artifact_uri
     assert location.startswith((moved / "mlartifacts").as_uri())

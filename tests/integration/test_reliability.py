@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 
 
 def _tune(project: Project) -> subprocess.CompletedProcess:
-    return subprocess.run(["python", "-m", "stages.tune"], cwd=project.path, env=project.env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        ["python", "-m", "stages.tune"], cwd=project.path, env=project.env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _experiment_dir(project: Project) -> Path:
@@ -82,8 +83,14 @@ def test_results_unwritable_mid_run_ends_with_one_line(project: Project, project
     project.write_params(project_params)
     path, out = _experiment_dir(project), project.path / "results/tune"
     aside = project.path / "results/tune.aside"
-    stage = subprocess.Popen(["python", "-m", "stages.tune"], cwd=project.path, env=project.env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    stage = subprocess.Popen(
+        ["python", "-m", "stages.tune"],
+        cwd=project.path,
+        env=project.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not list(path.glob("*/checkpoint_000000")):

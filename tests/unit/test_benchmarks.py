@@ -47,8 +47,23 @@ def _number(cell: str) -> float:
 
 
 def test_train_throughput_prints_every_model_and_path(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--device", "cpu", "--models", "sa_quadratic_9,resnet18", "--paths", "plain,optimised,truncated",
-            "--steps", "1", "--batch-size", "2", "--eval-batch-size", "4", "--head-alpha", "1", "10"]  # fmt: skip
+    argv = [
+        "--device",
+        "cpu",
+        "--models",
+        "sa_quadratic_9,resnet18",
+        "--paths",
+        "plain,optimised,truncated",
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--eval-batch-size",
+        "4",
+        "--head-alpha",
+        "1",
+        "10",
+    ]
     assert train_throughput.main(argv) == 0
     out = capsys.readouterr().out
     assert "REDUCED SIZE" in out  # the CPU says its figures are not the paper's
@@ -106,8 +121,19 @@ def test_train_speed_writes_history_and_curves(tmp_path: Path, capsys: pytest.Ca
     params["data"].update(image_size=8, prepared_dir=str(tmp_path / "prepared"))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     out_dir = tmp_path / "short_run"
-    argv = ["--params", str(tmp_path / "params.yaml"), "--epochs", "2", "--devices", "cpu",
-            "--variants", "sa_quadratic_9", "resnet18", "--history", str(out_dir)]  # fmt: skip
+    argv = [
+        "--params",
+        str(tmp_path / "params.yaml"),
+        "--epochs",
+        "2",
+        "--devices",
+        "cpu",
+        "--variants",
+        "sa_quadratic_9",
+        "resnet18",
+        "--history",
+        str(out_dir),
+    ]
     assert train_speed.main(argv) == 0
     assert "history.csv" in capsys.readouterr().out
 

@@ -24,8 +24,18 @@ def _params(**prune: object) -> object:
 
 
 def _trial(variant: str, seed: int, status: str = "finished", checkpoint: Path | None = None) -> TrialRecord:
-    return TrialRecord(f"t-{variant}-{seed}", f"run-{variant}-{seed}", f"{variant}-seed{seed}", variant, seed, status,
-                       4, {"test_acc": 0.5}, str(checkpoint) if checkpoint else None, None)  # fmt: skip
+    return TrialRecord(
+        f"t-{variant}-{seed}",
+        f"run-{variant}-{seed}",
+        f"{variant}-seed{seed}",
+        variant,
+        seed,
+        status,
+        4,
+        {"test_acc": 0.5},
+        str(checkpoint) if checkpoint else None,
+        None,
+    )
 
 
 def _manifest(trials: list[TrialRecord], name: str = "tune-abc") -> TuneManifest:
@@ -65,7 +75,9 @@ def test_only_finished_trials_of_the_pruned_variants_are_selected(tmp_path: Path
     sources, skipped = select_sources(_params(), _manifest(trials))
     assert [(s.variant, s.seed) for s in sources] == [("sa_generalized_9", 0)]
     assert [(s["seed"], s["reason"].split(" (")[0]) for s in skipped] == [
-        ("1", "trial status 'error'"), ("2", "trial status 'early_stopped'")]  # fmt: skip
+        ("1", "trial status 'error'"),
+        ("2", "trial status 'early_stopped'"),
+    ]
 
 
 def test_a_stale_tune_manifest_is_refused(tmp_path: Path) -> None:

@@ -31,9 +31,14 @@ def environment_put_back() -> Iterator[None]:
 
 @pytest.mark.parametrize(
     ("address", "expected"),
-    [("127.0.0.1:6379", ("127.0.0.1", 6379)), ("head.example:6380", ("head.example", 6380)),
-     ("[::1]:6379", ("::1", 6379)), ("auto", None), ("ray://head:10001", None)],
-)  # fmt: skip
+    [
+        ("127.0.0.1:6379", ("127.0.0.1", 6379)),
+        ("head.example:6380", ("head.example", 6380)),
+        ("[::1]:6379", ("::1", 6379)),
+        ("auto", None),
+        ("ray://head:10001", None),
+    ],
+)
 def test_gcs_address_is_host_and_port(address: str, expected: tuple | None) -> None:
     assert session.gcs_host_port(address) == expected
 
@@ -60,13 +65,21 @@ def test_token_is_looked_up_in_rays_order(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 @pytest.mark.parametrize(
     ("address", "token", "mode", "loopback"),
-    [("127.0.0.1:6379", "x", "token", "0"), ("localhost:6379", None, None, "0"), ("10.0.0.5:6379", "x", "token", None),
-     (None, "x", None, "0")],
-)  # fmt: skip
+    [
+        ("127.0.0.1:6379", "x", "token", "0"),
+        ("localhost:6379", None, None, "0"),
+        ("10.0.0.5:6379", "x", "token", None),
+        (None, "x", None, "0"),
+    ],
+)
 def test_driver_env_for_the_address(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, address: str | None, token: str | None, mode: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    address: str | None,
+    token: str | None,
+    mode: str | None,
     loopback: str | None,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS"):
         monkeypatch.delenv(key, raising=False)
@@ -104,17 +117,26 @@ def test_sqlite_with_several_nodes_is_refused_unless_insisted() -> None:
 
 
 def _view(**changes: object) -> dict:
-    return {"node_id": "ab" * 28, "ip": "10.0.0.7", "seen": True, "wrote": "", "driver_sees_reply": True,
-            "code": "c0de", **changes}  # fmt: skip
+    return {
+        "node_id": "ab" * 28,
+        "ip": "10.0.0.7",
+        "seen": True,
+        "wrote": "",
+        "driver_sees_reply": True,
+        "code": "c0de",
+        **changes,
+    }
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
-    [({"seen": False}, r"^sweep.storage_path: /s is not shared: node 10.0.0.7 \(abababab\) does not see"),
-     ({"wrote": "PermissionError: no"}, r"^sweep.storage_path: /s is not writable on node 10.0.0.7"),
-     ({"driver_sees_reply": False}, r"^sweep.storage_path: /s is not shared: the driver does not see what node"),
-     ({"code": "0ther"}, r"^node 10.0.0.7 \(abababab\) imports trial code 0ther, the driver runs c0de")],
-)  # fmt: skip
+    [
+        ({"seen": False}, r"^sweep.storage_path: /s is not shared: node 10.0.0.7 \(abababab\) does not see"),
+        ({"wrote": "PermissionError: no"}, r"^sweep.storage_path: /s is not writable on node 10.0.0.7"),
+        ({"driver_sees_reply": False}, r"^sweep.storage_path: /s is not shared: the driver does not see what node"),
+        ({"code": "0ther"}, r"^node 10.0.0.7 \(abababab\) imports trial code 0ther, the driver runs c0de"),
+    ],
+)
 def test_node_views_name_the_problem(changes: dict, message: str) -> None:
     check_views([_view()], Path("/s"), "c0de")
     with pytest.raises(ValueError, match=message):

@@ -21,8 +21,9 @@ HOLD = (
 
 
 def _holder(lock: Path, stage: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), stage], cwd=ROOT, stdout=subprocess.PIPE,
-                               text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(lock), stage], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout is not None and process.stdout.readline().strip() == "held"
     return process
 
@@ -32,8 +33,13 @@ def test_a_second_stage_refuses_naming_the_running_one(tmp_path: Path, stage: st
     holder = _holder(tmp_path / f"results/.{stage}.lock", stage)
     try:
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", f"stages.{stage}", "--params", str(ROOT / "params.yaml")],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", f"stages.{stage}", "--params", str(ROOT / "params.yaml")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         seconds = time.monotonic() - started
     finally:
         holder.kill()
@@ -51,7 +57,8 @@ def test_the_lock_dies_with_its_holder(tmp_path: Path) -> None:
     holder.wait()
     hold_stage_lock(lock, "tune")  # no stale lock to delete by hand
     assert lock.read_text().startswith("pid ")
-    again = subprocess.run([sys.executable, "-c", HOLD, str(lock), "tune"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=60)  # fmt: skip
+    again = subprocess.run(
+        [sys.executable, "-c", HOLD, str(lock), "tune"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert again.returncode != 0 and StageRunningError.__name__ in again.stderr  # this process holds it now
     assert f"(pid {os.getpid()}, started " in again.stderr

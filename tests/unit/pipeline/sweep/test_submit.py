@@ -60,8 +60,11 @@ def test_a_relative_storage_path_is_refused(tmp_path: Path, monkeypatch: pytest.
 
 def test_a_bucket_is_storage_a_job_can_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("pipeline.sweep.submit.check_tracking_server", lambda uri, source: None)
-    params = _params(tracking={"uri": SERVER}, sweep={"storage_path": "s3://bucket/ray"},
-                     data={"prepared_dir": "/mnt/shared/prepared"})  # fmt: skip
+    params = _params(
+        tracking={"uri": SERVER},
+        sweep={"storage_path": "s3://bucket/ray"},
+        data={"prepared_dir": "/mnt/shared/prepared"},
+    )
     assert check_submittable(params, tmp_path) is None
 
 
@@ -70,16 +73,27 @@ def test_unprepared_data_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     params = _params(tracking={"uri": SERVER}, sweep={"storage_path": str(tmp_path / "ray")})
     with pytest.raises(FileNotFoundError, match=r"^data\.prepared_dir: .* no prepared dataset"):
         check_submittable(params, tmp_path)
-    outside = _params(tracking={"uri": SERVER}, sweep={"storage_path": str(tmp_path / "ray")},
-                      data={"prepared_dir": "/mnt/shared/prepared"})  # fmt: skip
+    outside = _params(
+        tracking={"uri": SERVER},
+        sweep={"storage_path": str(tmp_path / "ray")},
+        data={"prepared_dir": "/mnt/shared/prepared"},
+    )
     assert check_submittable(outside, tmp_path) is None  # on the cluster's storage: not uploaded, not checked here
 
 
 def test_the_package_is_what_git_ships_minus_rayignore_plus_the_prepared_data(tmp_path: Path) -> None:
-    files = {"params.yaml": "seed: 0\n", "stages/tune.py": "", "notes/new.md": "untracked, not ignored\n",
-             ".gitignore": "/data/prepared\n/mlflow.db\n", ".rayignore": "/data/\n*.db\nbig/\n",
-             "big/blob.bin": "x", "mlflow.db": "", "data/prepared/manifest.json": "{}", "data/prepared/train.pt": "t",
-             "data/raw.csv": "ignored by .rayignore"}  # fmt: skip
+    files = {
+        "params.yaml": "seed: 0\n",
+        "stages/tune.py": "",
+        "notes/new.md": "untracked, not ignored\n",
+        ".gitignore": "/data/prepared\n/mlflow.db\n",
+        ".rayignore": "/data/\n*.db\nbig/\n",
+        "big/blob.bin": "x",
+        "mlflow.db": "",
+        "data/prepared/manifest.json": "{}",
+        "data/prepared/train.pt": "t",
+        "data/raw.csv": "ignored by .rayignore",
+    }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -88,8 +102,15 @@ def test_the_package_is_what_git_ships_minus_rayignore_plus_the_prepared_data(tm
     (tmp_path / "out").mkdir()
     archive = package_job(tmp_path, tmp_path / "data/prepared", tmp_path / "out")
     names = set(zipfile.ZipFile(archive).namelist())
-    assert names == {"params.yaml", "stages/tune.py", "notes/new.md", ".gitignore", ".rayignore",
-                     "data/prepared/manifest.json", "data/prepared/train.pt"}  # fmt: skip
+    assert names == {
+        "params.yaml",
+        "stages/tune.py",
+        "notes/new.md",
+        ".gitignore",
+        ".rayignore",
+        "data/prepared/manifest.json",
+        "data/prepared/train.pt",
+    }
 
 
 def test_a_folder_outside_git_is_refused(tmp_path: Path) -> None:
