@@ -22,12 +22,12 @@ from pathlib import Path
 
 from pipeline.sweep.session import keep_local_ray_on_loopback
 
-keep_local_ray_on_loopback()  # before pipeline.sweep.plan imports Ray
+keep_local_ray_on_loopback()  # before pipeline.sweep.preflight imports Ray
 
 from benchmarks.common import bad_input_is_a_usage_error, make_parser, positive_int  # noqa: E402
 from pipeline.config import load_params, parse_params  # noqa: E402
 from pipeline.data.sources import prepare_dataset  # noqa: E402
-from pipeline.sweep.plan import preflight  # noqa: E402
+from pipeline.sweep.preflight import preflight  # noqa: E402
 from pipeline.sweep.run import run_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,20 +81,20 @@ def main(argv: list[str] | None = None) -> int:
             if own_ray:
                 ray.shutdown()
         trial_seconds = 0.0
-        for result_file in Path(outcome.experiment_path).glob("*/result.json"):
+        for result_file in outcome.path.local.glob("*/result.json"):
             last = result_file.read_text().strip().splitlines()[-1]
             trial_seconds += json.loads(last)["time_total_s"]
-    epochs = sum(t.epochs_completed for t in outcome.trials)
-    print(f"trials: {len(outcome.trials)} x {args.epochs} epochs, concurrency {args.concurrency}")
+    epochs = sum(t.epochs_completed for t in outcome.records)
+    print(f"trials: {len(outcome.records)} x {args.epochs} epochs, concurrency {args.concurrency}")
     print(f"ray start: {ray_start:.1f} s (not counted)" if own_ray else "ray: the Ray already running in this process")
     print(f"sweep wall time: {wall:.1f} s; sum of trials' own time: {trial_seconds:.1f} s")
     if args.concurrency == 1 and trial_seconds > 0:
         print(f"overhead ratio wall / trials: {wall / trial_seconds:.2f} (target < 1.15)")
-    calls = outcome.mlflow_calls
+    calls = outcome.calls
     if outcome.epochs_logged:
-        per_epoch = calls.get("log_batch", 0) - len(outcome.trials) * 2  # each run also logs params and end tags
+        per_epoch = calls.get("log_batch", 0) - len(outcome.records) * 2  # each run also logs params and end tags
         print(f"MLflow requests per epoch: {per_epoch / outcome.epochs_logged:.2f} (log_batch, {epochs} epochs)")
-        print(f"MLflow requests per trial, all: {sum(calls.values()) / len(outcome.trials):.1f} {dict(calls)}")
+        print(f"MLflow requests per trial, all: {sum(calls.values()) / len(outcome.records):.1f} {dict(calls)}")
     return 0
 
 

@@ -13,9 +13,12 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import Params, load_params
 from pipeline.io import EXPECTED_FAILURES  # a bug that raises ValueError still shows its traceback with -v
+
+EXIT_TRACKING_BUFFERED = 75  # sysexits' EX_TEMPFAIL: the work is done, its MLflow writes wait for the server
 
 
 def make_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -62,12 +65,29 @@ def run(stage: Callable[[argparse.Namespace, Params], int], args: argparse.Names
             raise
         # An output path that became unwritable during the run (permissions, a full or read-only disk): the runs are
         # already closed in MLflow and the Ray results kept, so a re-run restores instead of training again.
-        log.error("cannot write %s (%s); fix it and re-run: the finished work is restored, not redone",
-                  err.filename, err.strerror or type(err).__name__)  # fmt: skip
+        log.error(
+            "cannot write %s (%s); fix it and re-run: the finished work is restored, not redone",
+            err.filename,
+            err.strerror or type(err).__name__,
+        )
         return 1
     except KeyboardInterrupt:
         log.error("interrupted; outputs written so far are complete, re-run to continue")
         return 130
+
+
+def say_buffered(outcome: Any) -> bool:
+    """One line when a tracked run (``pipeline.sweep.tracked.TrackedOutcome``) ended with MLflow writes still buffered
+    (the server did not come back): which server, how many, where; the stage then exits ``EXIT_TRACKING_BUFFERED``."""
+    if outcome.buffered:
+        logging.getLogger(f"stages.{Path(sys.argv[0]).stem}").error(
+            "the MLflow server at %s does not answer: %d write(s) are buffered in %s; the next run of this stage "
+            "flushes them first",
+            outcome.parent.tracking_uri,
+            outcome.buffered,
+            outcome.buffer_file,
+        )
+    return bool(outcome.buffered)
 
 
 def main_for(stage: Callable[[argparse.Namespace, Params], int], parser: argparse.ArgumentParser) -> Callable:

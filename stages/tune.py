@@ -32,7 +32,6 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.config import Params
 from pipeline.io import write_json_atomic
@@ -40,15 +39,11 @@ from pipeline.sweep.location import store_root
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import ERROR, write_tune_manifest
 from pipeline.sweep.session import prepare_driver_env, send_token_if_available
-from stages._cli import main_for, make_parser
-
-if TYPE_CHECKING:
-    from pipeline.sweep.run import SweepOutcome
+from stages._cli import EXIT_TRACKING_BUFFERED, main_for, make_parser, say_buffered
 
 log = logging.getLogger("stages.tune")
 OUT_DIR = Path("results/tune")  # relative to the working directory, like every path in params.yaml
 OUTPUTS = ("manifest.json", "metrics.json")  # the stage's DVC outputs in OUT_DIR
-EXIT_TRACKING_BUFFERED = 75  # sysexits' EX_TEMPFAIL: the work is done, its MLflow writes wait for the server
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
@@ -61,11 +56,12 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         return submitted(args, params)
     prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
     # These import Ray and MLflow: after params are valid, so --help and bad params stay fast.
-    from pipeline.sweep.plan import format_plan, preflight
-    from pipeline.sweep.run import run_sweep
+    from pipeline.sweep.dry_run import dry_run_text
+    from pipeline.sweep.preflight import preflight
+    from pipeline.sweep.run import run_sweep, tune_manifest
 
     if args.dry_run:
-        print(format_plan(params, root))
+        print(dry_run_text(params, root))
         preflight(params, root)  # after the plan, so a problem is the last thing on screen
         return 0
     from pipeline.data.prepared import load_prepared
@@ -75,33 +71,30 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     data = load_prepared(Path(params.data.prepared_dir))  # a DVC dep: in the workspace (dvc runs stages from its root)
     outcome = run_sweep(params, data, root, submitted=job)
     if outcome.interrupted:
-        _say_buffered(outcome)
+        say_buffered(outcome)
         return 130
-    manifest = outcome.manifest()
+    manifest = tune_manifest(outcome)
     write_tune_manifest(OUT_DIR / "manifest.json", manifest, root)
     write_json_atomic(OUT_DIR / "metrics.json", manifest.metrics_summary())
     if job is not None and not outcome.buffered:  # the workstation downloads them from the parent run (server up)
-        publish_outputs(outcome.sweep.tracking_uri, outcome.sweep.parent_run_id, [OUT_DIR / n for n in OUTPUTS], job)
-    log.info("wrote %s (parent run %s, %s; %d trial(s) trained or resumed, %d reused)", OUT_DIR / "manifest.json",
-             outcome.sweep.parent_run_id, "restored" if outcome.restored else "new", outcome.trained,
-             len(manifest.trials) - outcome.trained)  # fmt: skip
+        publish_outputs(outcome.parent.tracking_uri, outcome.parent.parent_run_id, [OUT_DIR / n for n in OUTPUTS], job)
+    log.info(
+        "wrote %s (parent run %s, %s; %d trial(s) trained or resumed, %d reused)",
+        OUT_DIR / "manifest.json",
+        outcome.parent.parent_run_id,
+        "restored" if outcome.restored else "new",
+        outcome.trained,
+        len(manifest.trials) - outcome.trained,
+    )
     if outcome.failed:
         failed = [t for t in manifest.trials if t.status == ERROR]
         for trial in (t for t in failed if t.failure_reason):  # a re-run would fail the same way: say what to change
             log.error("%s seed %d failed, not retried: %s", trial.variant, trial.seed, trial.failure_reason)
         if any(not t.failure_reason for t in failed):
             log.error("some trials failed after their retries; re-run to resume them from their checkpoints")
-    if _say_buffered(outcome):
+    if say_buffered(outcome):
         return EXIT_TRACKING_BUFFERED
     return 1 if outcome.failed else 0
-
-
-def _say_buffered(outcome: SweepOutcome) -> bool:
-    """One line when MLflow writes are still buffered (the server did not come back): which server, how many, where."""
-    if outcome.buffered:
-        log.error("the MLflow server at %s does not answer: %d write(s) are buffered in %s; the next run of this stage "
-                  "flushes them first", outcome.sweep.tracking_uri, outcome.buffered, outcome.buffer_file)  # fmt: skip
-    return bool(outcome.buffered)
 
 
 def submitted(args: argparse.Namespace, params: Params) -> int:
@@ -109,8 +102,9 @@ def submitted(args: argparse.Namespace, params: Params) -> int:
     send_token_if_available()  # before Ray is imported
     from pipeline.sweep.submit import job_address, submit_sweep
 
-    status = submit_sweep(params, Path.cwd(), job_address(args.submit), args.params, OUT_DIR, list(OUTPUTS),
-                          verbose=args.verbose)  # fmt: skip
+    status = submit_sweep(
+        params, Path.cwd(), job_address(args.submit), args.params, OUT_DIR, list(OUTPUTS), verbose=args.verbose
+    )
     return {"SUCCEEDED": 0, "STOPPED": 130}.get(status, 1)
 
 

@@ -40,8 +40,8 @@ def check_tracking_store(params: Params, uri: str, nodes: int) -> None:
     if uri.startswith("sqlite") and not params.tracking.sqlite_on_cluster:
         raise ValueError(
             f"tracking.uri: {uri} is a file on this machine only, and the cluster has {nodes} nodes; run one "
-            "`mlflow server` every machine can reach and set tracking.uri to its http:// address (README: Run on a "
-            "cluster), or set tracking.sqlite_on_cluster: true to keep the runs on this machine anyway"
+            "`mlflow server` every machine can reach and set tracking.uri to its http:// address (docs/cluster.md, "
+            "One MLflow server), or set tracking.sqlite_on_cluster: true to keep the runs on this machine anyway"
         )
 
 
@@ -76,8 +76,12 @@ def probe_nodes(storage: StoragePath, timeout_s: float = PROBE_TIMEOUT_S) -> lis
     task = ray.remote(num_cpus=0, max_retries=0)(node_view)  # num_cpus=0: runs even while trials hold every CPU
     nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
     try:
-        pending = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-                   .remote(storage, marker, token) for node in nodes]  # fmt: skip
+        pending = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+                storage, marker, token
+            )
+            for node in nodes
+        ]
         try:
             views = ray.get(pending, timeout=timeout_s)
         except GetTimeoutError:
@@ -99,13 +103,16 @@ def check_views(views: list[dict[str, Any]], storage: StoragePath, driver_code: 
     for view in views:
         node = f"node {view['ip']} ({view['node_id'][:8]})"
         if not view["seen"]:
-            raise ValueError(f"sweep.storage_path: {storage} is not shared: {node} does not see the driver's files; "
-                             f"{SHARED_HELP}")  # fmt: skip
+            raise ValueError(
+                f"sweep.storage_path: {storage} is not shared: {node} does not see the driver's files; {SHARED_HELP}"
+            )
         if view["wrote"]:
             raise ValueError(f"sweep.storage_path: {storage} is not writable on {node} ({view['wrote']})")
         if not view["driver_sees_reply"]:
-            raise ValueError(f"sweep.storage_path: {storage} is not shared: the driver does not see what {node} "
-                             f"wrote there; {SHARED_HELP}")  # fmt: skip
+            raise ValueError(
+                f"sweep.storage_path: {storage} is not shared: the driver does not see what {node} "
+                f"wrote there; {SHARED_HELP}"
+            )
         if view["code"] != driver_code:
             raise ValueError(
                 f"{node} imports trial code {view['code']}, the driver runs {driver_code}: it does not use the code "

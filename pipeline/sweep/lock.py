@@ -1,24 +1,30 @@
 """One running instance of a stage per project: a second one started beside it (two terminals, outside DVC's own
 lock) refuses at once, naming the running one, instead of mixing its trials into the first one's runs and manifest.
 
-The lock is ``fcntl.flock`` on a file in the project's ``results/``: the OS releases it when the holding process ends,
-however it ends (SIGKILL included), so there is never a stale lock to delete by hand. The file keeps the holder's pid
-and start time for the refusal message.
+The lock is ``filelock``'s OS lock (``flock``) on a file in the project's ``results/``: the OS releases it when the
+holding process ends, however it ends (SIGKILL included), so there is never a stale lock to delete by hand. The file
+keeps the holder's pid and start time for the refusal message (written through the lock's own descriptor once it is
+held; a process that fails to get the lock never truncates it).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from pathlib import Path
-from typing import IO
 
-_held: dict[Path, IO[str]] = {}  # open lock files of this process: closing one would release its lock
+from filelock import FileLock, Timeout
+
+_held: dict[Path, FileLock] = {}  # the locks this process holds: dropping one would release it
 
 
 class StageRunningError(ValueError):
     """Another process of this project is running the same stage (a ValueError: refused before any work, exit 2)."""
+
+
+def _write_holder(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode(), 0)
 
 
 def hold_stage_lock(path: Path, stage: str) -> None:
@@ -27,18 +33,13 @@ def hold_stage_lock(path: Path, stage: str) -> None:
     if path in _held:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = path.open("a+")
+    # fallback_to_soft=False: on a file system without flock, fail rather than leave a lock file a kill would strand
+    lock = FileLock(path, blocking=False, fallback_to_soft=False, preserve_lock_file=True, on_acquired=_write_holder)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "a process that has not written its pid yet"
-        handle.close()
+        lock.acquire()
+    except Timeout:
+        holder = path.read_text().strip() or "a process that has not written its pid yet"
         raise StageRunningError(
             f"{path}: the {stage} stage is already running in this project ({holder}); wait for it to end or stop it"
         ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n")
-    handle.flush()
-    _held[path] = handle
+    _held[path] = lock

@@ -27,6 +27,7 @@ M = TypeVar("M")  # the manifest dataclass read_manifest returns
 FINISHED, EARLY_STOPPED, ERROR, INTERRUPTED = "finished", "early_stopped", "error", "interrupted"
 COMPLETED = (FINISHED, EARLY_STOPPED)  # ran to the end Tune gave it: its last metrics count
 STAGE = "tune"
+METRIC, MODE = "test_acc", "max"  # the one place the objective is named (ASHA, best trial, progress table)
 
 
 @dataclass
@@ -68,24 +69,29 @@ class TuneManifest:
     PATHS: ClassVar[tuple[str, ...]] = ("ray_experiment_path",)
 
     def metrics_summary(self) -> dict[str, dict[str, float]]:
-        """Final test accuracy per variant: mean, count (``test_acc_n``) and std over seeds, of the trials that ran to
-        their end (finished, or stopped early by ASHA); for ``dvc metrics show``. Every key starts with ``test_acc``
-        so the mean is the first column ``dvc exp show`` gives a variant (the file's keys are written sorted)."""
-        per_variant: dict[str, list[float]] = {}
-        for trial in self.trials:
-            if trial.status in COMPLETED and "test_acc" in trial.metrics:
-                per_variant.setdefault(trial.variant, []).append(trial.metrics["test_acc"])
-        return {
-            variant: {
-                "test_acc": statistics.fmean(accs),
-                "test_acc_n": len(accs),
-                "test_acc_std": statistics.pstdev(accs),
-            }
-            for variant, accs in sorted(per_variant.items())
-        }
+        """``accuracy_summary`` of the trials: what ``dvc metrics show`` shows of the sweep."""
+        return accuracy_summary(self.trials)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def accuracy_summary(trials: list[TrialRecord]) -> dict[str, dict[str, float]]:
+    """Final test accuracy per variant: mean, count (``test_acc_n``) and std over seeds, of the trials that ran to
+    their end (finished, or stopped early by ASHA); for ``dvc metrics show``. Every key starts with ``test_acc``
+    so the mean is the first column ``dvc exp show`` gives a variant (the file's keys are written sorted)."""
+    per_variant: dict[str, list[float]] = {}
+    for trial in trials:
+        if trial.status in COMPLETED and "test_acc" in trial.metrics:
+            per_variant.setdefault(trial.variant, []).append(trial.metrics["test_acc"])
+    return {
+        variant: {
+            "test_acc": statistics.fmean(accs),
+            "test_acc_n": len(accs),
+            "test_acc_std": statistics.pstdev(accs),
+        }
+        for variant, accs in sorted(per_variant.items())
+    }
 
 
 def write_tune_manifest(path: Path, manifest: TuneManifest, project_root: Path) -> None:
@@ -140,8 +146,14 @@ def _convert(raw: dict[str, Any], cls: type, items: str, item_cls: type, path: A
 
 def write_manifest(path: Path, manifest: Any, items: str, item_cls: type, project_root: Path) -> None:
     """Write a stage's manifest atomically with its paths and sqlite store made relative to ``project_root``."""
-    converted = _convert(manifest.to_json(), type(manifest), items, item_cls,
-                         lambda p: portable_path(p, project_root), lambda u: portable_uri(u, project_root))  # fmt: skip
+    converted = _convert(
+        manifest.to_json(),
+        type(manifest),
+        items,
+        item_cls,
+        lambda p: portable_path(p, project_root),
+        lambda u: portable_uri(u, project_root),
+    )
     write_json_atomic(path, converted)
 
 
@@ -154,8 +166,14 @@ def read_manifest(path: Path, cls: type[M], items: str, item_cls: type, stage: s
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no {stage} manifest; {hint}")
     try:
-        raw = _convert(json.loads(path.read_text()), cls, items, item_cls,
-                       lambda p: resolved_path(p, project_root), lambda u: resolved_uri(u, project_root))  # fmt: skip
+        raw = _convert(
+            json.loads(path.read_text()),
+            cls,
+            items,
+            item_cls,
+            lambda p: resolved_path(p, project_root),
+            lambda u: resolved_uri(u, project_root),
+        )
         records = [item_cls(**_known(item_cls, item)) for item in raw[items]]
         return cls(**{**_known(cls, raw), items: records})
     except (json.JSONDecodeError, KeyError, TypeError) as err:

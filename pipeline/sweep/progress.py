@@ -12,16 +12,20 @@ import os
 
 from ray import tune
 
-from pipeline.sweep.plan import METRIC
+from pipeline.sweep.manifest import METRIC
 from pipeline.trial.report import ETA_KEY
 
 # Trial config keys and report keys -> column titles. Tune's own ``training_iteration`` / ``time_total_s`` give the
 # elapsed time per trial; the header line gives the sweep's running time.
 PARAMETER_COLUMNS = {"variant": "variant", "seed": "seed"}
 METRIC_COLUMNS = {
-    "epoch": "epoch", "train_loss": "train_loss", METRIC: METRIC, "images_per_s": "images/s",
-    "time_total_s": "time (s)", ETA_KEY: "ETA (s)",
-}  # fmt: skip
+    "epoch": "epoch",
+    "train_loss": "train_loss",
+    METRIC: METRIC,
+    "images_per_s": "images/s",
+    "time_total_s": "time (s)",
+    ETA_KEY: "ETA (s)",
+}
 REFRESH_S = 120  # at most one table per 2 minutes while trials run, and the final one: hours of training stay readable
 
 

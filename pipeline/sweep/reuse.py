@@ -17,28 +17,26 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
 
 from pipeline.sweep.manifest import FINISHED
 from pipeline.sweep.storage import StoragePath, found_file
+from pipeline.sweep.tracking.store import find_runs, mlflow_client
+from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, LAST_EPOCH_TAG, STATUS_TAG, TRIAL_PATH_TAG
 from pipeline.trial.report import CHECKPOINT_FILE
 
 log = logging.getLogger(__name__)
 
 REUSE, RESUME, TRAIN = "reuse", "resume", "train"
-KEY_TAG = "trial_key"  # the MLflow run tag holding a trial's identity
-TRIAL_PATH_TAG = "ray.trial_path"  # the Ray trial folder of a run, whose checkpoint_* dirs a resume starts from
-PLAN_FILE = "sweep_plan.json"  # in the Ray experiment dir: the plan a restored sweep continues with
+DECISIONS_FILE = "sweep_plan.json"  # in the Ray experiment dir: the decisions a restored run continues with
 
 
 @dataclass(frozen=True)
-class TrialPlan:
-    """What the sweep does with one trial (variant, seed): reuse ``run_id``, resume it from ``checkpoint_dir`` (after
+class TrialDecision:
+    """What a stage does with one trial (variant, seed): reuse ``run_id``, resume it from ``checkpoint_dir`` (after
     ``epoch`` epochs), or train."""
 
     variant: str
@@ -49,8 +47,8 @@ class TrialPlan:
     checkpoint_dir: str | None = None
     epoch: int = 0
 
-    def describe(self) -> str:
-        """The dry run's words for it."""
+    def words(self) -> str:
+        """How the dry run and the log say it."""
         if self.action == REUSE:
             return f"reuse run {self.run_id}"
         if self.action == RESUME:
@@ -61,22 +59,15 @@ class TrialPlan:
         return asdict(self)
 
 
-def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> dict[str, list[Run]]:
-    """The active runs of the experiment tagged with each key, newest first (deleted runs are not found)."""
-    found: dict[str, list[Run]] = {}
-    for key in sorted(set(keys)):
-        query = f"tags.`{KEY_TAG}` = '{key}'"
-        found[key] = list(client.search_runs([experiment_id], query, max_results=100, order_by=["start_time DESC"]))
-    return found
-
-
 def is_complete(run: Run, epochs: int) -> bool:
     """The run trained all its epochs, ended normally and uploaded its final checkpoint."""
     tags = run.data.tags
     return (
-        run.info.status == "FINISHED" and tags.get("tune.status") == FINISHED
-        and tags.get("tune.last_epoch") == str(epochs) and "tune.checkpoint" in tags
-    )  # fmt: skip
+        run.info.status == "FINISHED"
+        and tags.get(STATUS_TAG) == FINISHED
+        and tags.get(LAST_EPOCH_TAG) == str(epochs)
+        and CHECKPOINT_TAG in tags
+    )
 
 
 def checkpoint_epoch(directory: StoragePath) -> int | None:
@@ -109,49 +100,43 @@ def newest_checkpoint(trial_path: StoragePath) -> tuple[StoragePath, int] | None
     return None
 
 
-def decide(variant: str, seed: int, key: str, runs: list[Run], epochs: int, *, retrain: bool = False) -> TrialPlan:
+def decide(variant: str, seed: int, key: str, runs: list[Run], epochs: int, *, retrain: bool = False) -> TrialDecision:
     """Reuse the newest complete run (``checkpoint_dir``: its Ray checkpoint when still on disk), else resume the
     furthest unfinished run from its newest valid checkpoint, else train."""
     if retrain:
-        return TrialPlan(variant, seed, key, TRAIN)
+        return TrialDecision(variant, seed, key, TRAIN)
     for run in runs:
         if is_complete(run, epochs):  # its checkpoint is in MLflow; the Ray copy may have been deleted
-            checkpoint = run.data.tags["tune.checkpoint"]
+            checkpoint = run.data.tags[CHECKPOINT_TAG]
             local = checkpoint if found_file(StoragePath(checkpoint) / CHECKPOINT_FILE) else None
-            return TrialPlan(variant, seed, key, REUSE, run.info.run_id, local, epochs)
-    best: TrialPlan | None = None
+            return TrialDecision(variant, seed, key, REUSE, run.info.run_id, local, epochs)
+    best: TrialDecision | None = None
     for run in runs:
         trial_path = run.data.tags.get(TRIAL_PATH_TAG)
         if not trial_path:
             continue
         found = newest_checkpoint(StoragePath(trial_path))
         if found is not None and 0 < found[1] < epochs and (best is None or found[1] > best.epoch):
-            best = TrialPlan(variant, seed, key, RESUME, run.info.run_id, str(found[0]), found[1])
-    return best or TrialPlan(variant, seed, key, TRAIN)
+            best = TrialDecision(variant, seed, key, RESUME, run.info.run_id, str(found[0]), found[1])
+    return best or TrialDecision(variant, seed, key, TRAIN)
 
 
-def plan_trials(
+def decide_trials(
     uri: str, experiment_id: str | None, trials: list[tuple[str, int, str]], epochs: int, *, retrain: bool = False
-) -> list[TrialPlan]:
-    """The plan of every (variant, seed, key) of the sweep; without an experiment yet, everything trains."""
+) -> list[TrialDecision]:
+    """The decision for every (variant, seed, key); without an experiment yet, everything trains."""
     if experiment_id is None or retrain:
-        return [TrialPlan(variant, seed, key, TRAIN) for variant, seed, key in trials]
-    runs = find_runs(MlflowClient(uri), experiment_id, (key for _, _, key in trials))
+        return [TrialDecision(variant, seed, key, TRAIN) for variant, seed, key in trials]
+    runs = find_runs(mlflow_client(uri), experiment_id, (key for _, _, key in trials))
     return [decide(variant, seed, key, runs[key], epochs) for variant, seed, key in trials]
 
 
-def format_plans(plans: list[TrialPlan]) -> str:
-    """One line per action count, e.g. ``train 5, reuse 5, resume 0``."""
-    counts = {action: sum(p.action == action for p in plans) for action in (TRAIN, REUSE, RESUME)}
-    return ", ".join(f"{action} {n}" for action, n in counts.items())
+def write_decisions(experiment_dir: StoragePath, decisions: list[TrialDecision]) -> None:
+    """Kept next to the Ray experiment: a restored run lists the same reused runs as the run that decided them."""
+    payload = [decision.to_dict() for decision in decisions]
+    (experiment_dir / DECISIONS_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
-def write_plan(experiment_dir: StoragePath, plans: list[TrialPlan]) -> None:
-    """Kept next to the Ray experiment: a restored sweep lists the same reused runs as the run that planned it."""
-    payload = [plan.to_dict() for plan in plans]
-    (experiment_dir / PLAN_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-
-
-def read_plan(experiment_dir: StoragePath) -> list[TrialPlan] | None:
-    path = experiment_dir / PLAN_FILE
-    return [TrialPlan(**item) for item in json.loads(path.read_text())] if path.is_file() else None
+def read_decisions(experiment_dir: StoragePath) -> list[TrialDecision] | None:
+    path = experiment_dir / DECISIONS_FILE
+    return [TrialDecision(**item) for item in json.loads(path.read_text())] if path.is_file() else None

@@ -12,13 +12,18 @@ MLflow and the manifests): they come from the environment of every node (``AWS_A
 
 What an object store cannot do stays on the driver's disk (``driver_dir``): the MLflow outage buffer is appended to
 and fsync'd line by line, and checkpoints downloaded for pruning are a cache.
+
+Why pyarrow and not fsspec / universal_pathlib: Ray Tune opens ``sweep.storage_path`` with
+``pyarrow.fs.FileSystem.from_uri``, so the same call here reads exactly the locations Tune writes, options in the
+query included (``?endpoint_override=...``), which fsspec's S3 file system takes as separate ``storage_options``
+instead: a second reading of the same string, and s3fs / gcsfs as more dependencies, for a class that stays as
+short. Checkpoints are copied to this disk by Tune's own ``Checkpoint.to_directory`` / ``as_directory``.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
 
+from pipeline.config import Params
 from pipeline.io import check_creatable_dir, write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -123,10 +129,13 @@ class StoragePath:
         return self.filesystem.get_file_info(self.fs_path).type == pafs.FileType.Directory
 
     def read_text(self) -> str:
+        return self.read_bytes().decode()
+
+    def read_bytes(self) -> bytes:
         if not self.remote:
-            return Path(self.text).read_text()
+            return Path(self.text).read_bytes()
         with self.filesystem.open_input_stream(self.fs_path) as stream:
-            return stream.readall().decode()
+            return stream.readall()
 
     def write_text(self, text: str) -> None:
         """Written whole or not at all: a local file through a temporary file and a rename; an object store's put
@@ -160,25 +169,22 @@ class StoragePath:
         names = sorted(i.base_name for i in listed if i.type == pafs.FileType.Directory)
         return [self / name for name in names if name.startswith(prefix)]
 
+    def _checkpoint(self) -> Any:
+        """This folder as a Tune checkpoint, whose download Tune already does (imported here: the stages' early
+        checks and a cluster node's probe never download)."""
+        from ray import tune
+
+        return tune.Checkpoint(self.fs_path, filesystem=self.filesystem)
+
     @contextmanager
     def as_local(self) -> Iterator[Path]:
-        """This folder on the local disk: itself, or a temporary download of it that is removed afterwards."""
-        if not self.remote:
-            yield Path(self.text)
-            return
-        with tempfile.TemporaryDirectory(prefix="storage-") as tmp:
-            yield self.download(Path(tmp) / (self.name or "root"))
+        """This checkpoint folder on the local disk: itself, or a temporary download of it removed afterwards."""
+        with self._checkpoint().as_directory() as local:
+            yield Path(local)
 
     def download(self, into: Path) -> Path:
-        """A copy of this folder at ``into`` (a local folder: copied too, so the copy outlives its source)."""
-        into.parent.mkdir(parents=True, exist_ok=True)
-        if not self.remote:
-            shutil.copytree(self.text, into, dirs_exist_ok=True)
-            return into
-        into.mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(self.fs_path, str(into), source_filesystem=self.filesystem,
-                        destination_filesystem=pafs.LocalFileSystem())  # fmt: skip
-        return into
+        """A copy of this checkpoint folder at ``into`` (a local one is copied too: the copy outlives its source)."""
+        return Path(self._checkpoint().to_directory(str(into)))
 
     def upload(self, local: Path) -> None:
         """The local folder ``local`` copied to this location (which it becomes)."""
@@ -186,8 +192,9 @@ class StoragePath:
             shutil.copytree(local, self.text, dirs_exist_ok=True)
             return
         self.filesystem.create_dir(self.fs_path)
-        pafs.copy_files(str(local), self.fs_path, source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=self.filesystem)  # fmt: skip
+        pafs.copy_files(
+            str(local), self.fs_path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.filesystem
+        )
 
 
 def found_file(path: StoragePath) -> bool:
@@ -199,6 +206,14 @@ def found_file(path: StoragePath) -> bool:
     except OSError as err:
         log.warning("cannot read %s, treated as missing: %s", path, str(err).splitlines()[0][:200])
         return False
+
+
+def storage_dir(params: Params, project_root: Path) -> StoragePath:
+    """The Ray results folder: a URI as given, a relative ``sweep.storage_path`` resolved against the project root."""
+    if is_uri(params.sweep.storage_path):
+        return StoragePath(params.sweep.storage_path)
+    path = Path(params.sweep.storage_path).expanduser()
+    return StoragePath((path if path.is_absolute() else project_root / path).resolve())
 
 
 def driver_dir(storage: StoragePath, project_root: Path) -> Path:

@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pathspec
-from mlflow.tracking import MlflowClient
 
 from pipeline.config import Params
 from pipeline.io import check_tracking_server, write_text_atomic
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.session import TOKEN_HELP
-from pipeline.sweep.tracking import git_commit
+from pipeline.sweep.tracking.store import mlflow_client
+from pipeline.sweep.tracking.tags import git_commit
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,11 @@ class SubmittedJob:
     git_commit: str
 
     def tags(self) -> dict[str, str]:
-        return {SUBMISSION_TAG: self.submission_id, "git_commit": self.git_commit,
-                "mlflow.source.git.commit": self.git_commit}  # fmt: skip
+        return {
+            SUBMISSION_TAG: self.submission_id,
+            "git_commit": self.git_commit,
+            "mlflow.source.git.commit": self.git_commit,
+        }
 
 
 def job_address(given: str | None) -> str:
@@ -84,8 +87,8 @@ def check_submittable(params: Params, project_root: Path) -> Path | None:
     if uri is None or uri.startswith("sqlite:"):
         raise ValueError(
             f"tracking.uri: {uri or 'the default sqlite store'} is a file on this machine, which a job on the "
-            "cluster cannot write; run an `mlflow server` that this machine and the cluster reach (README, "
-            '"Run on a cluster") and set tracking.uri to its http:// address'
+            "cluster cannot write; run an `mlflow server` that this machine and the cluster reach (docs/cluster.md, "
+            '"One MLflow server") and set tracking.uri to its http:// address'
         )
     check_tracking_server(uri, "tracking.uri")
     storage = params.sweep.storage_path
@@ -107,8 +110,13 @@ def packaged_files(project_root: Path, prepared: Path | None) -> list[Path]:
     """Project-relative paths of what the job needs: what git does not ignore (tracked or new), minus what
     ``.rayignore`` lists (as Ray's own upload does), plus the prepared data."""
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                                cwd=project_root, capture_output=True, text=True, check=True).stdout  # fmt: skip
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=project_root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as err:
         why = f"{project_root} is not a git checkout ({err})"
         raise ValueError(f"--submit: {why}; the job ships the files git tracks") from None
@@ -130,8 +138,10 @@ def package_job(project_root: Path, prepared: Path | None, dest: Path) -> Path:
             zipped.write(project_root / name, name.as_posix())
     size = archive.stat().st_size
     if size > MAX_PACKAGE_BYTES:
-        raise ValueError(f"--submit: the job's package is {size / 1024**2:.0f} MiB, over Ray's limit; put "
-                         "data.prepared_dir on storage the cluster shares, outside the project")  # fmt: skip
+        raise ValueError(
+            f"--submit: the job's package is {size / 1024**2:.0f} MiB, over Ray's limit; put "
+            "data.prepared_dir on storage the cluster shares, outside the project"
+        )
     log.info("job package: %s, %.1f MiB", archive.name, size / 1024**2)
     return archive
 
@@ -148,18 +158,23 @@ def job_client(address: str) -> Iterator[object]:
     except AuthenticationError:
         raise ValueError(f"--submit: the Ray cluster at {address} refused this machine's token: {TOKEN_HELP}") from None
     except ConnectionError as err:
-        raise ValueError(f"--submit: no Ray job server answers at {address} ({str(err).splitlines()[0]}); "
-                         "give the head's dashboard address (port 8265)") from None  # fmt: skip
+        raise ValueError(
+            f"--submit: no Ray job server answers at {address} ({str(err).splitlines()[0]}); "
+            "give the head's dashboard address (port 8265)"
+        ) from None
 
 
 def submit(client: object, package: Path, job: SubmittedJob, params_file: Path, verbose: bool) -> str:
-    entrypoint = (f"python -m stages.tune --params {params_file.as_posix()} --as-job {job.submission_id} "
-                  f"--git-commit {job.git_commit}{' -v' if verbose else ''}")  # fmt: skip
+    entrypoint = (
+        f"python -m stages.tune --params {params_file.as_posix()} --as-job {job.submission_id} "
+        f"--git-commit {job.git_commit}{' -v' if verbose else ''}"
+    )
     return client.submit_job(  # type: ignore[attr-defined]
-        entrypoint=entrypoint, submission_id=job.submission_id,
+        entrypoint=entrypoint,
+        submission_id=job.submission_id,
         runtime_env={"working_dir": str(package), "env_vars": STOP_LIKE_CTRL_C},
         metadata={"git_commit": job.git_commit, "stage": "tune"},
-    )  # fmt: skip
+    )
 
 
 def follow_job(client: object, submission_id: str) -> str:
@@ -183,7 +198,7 @@ def follow_job(client: object, submission_id: str) -> str:
 def publish_outputs(uri: str, parent_run_id: str, files: list[Path], job: SubmittedJob) -> None:
     """In the job: the stage's DVC outputs as artifacts of the sweep's parent run, tagged with the submission id, so
     the workstation finds and downloads them."""
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     for path in files:
         client.log_artifact(parent_run_id, str(path), artifact_path=OUTPUTS_DIR)
     client.set_tag(parent_run_id, SUBMISSION_TAG, job.submission_id)
@@ -191,17 +206,21 @@ def publish_outputs(uri: str, parent_run_id: str, files: list[Path], job: Submit
 
 def fetch_outputs(uri: str, experiment: str, submission_id: str, out_dir: Path, names: list[str]) -> str:
     """On the workstation: the outputs the job published, written atomically into ``out_dir``; the parent run id."""
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     found = client.get_experiment_by_name(experiment)
     runs = client.search_runs([found.experiment_id], f"tags.`{SUBMISSION_TAG}` = '{submission_id}'") if found else []
     if not runs:
-        raise FileNotFoundError(f"job {submission_id} published no outputs to {uri} (experiment {experiment!r}); "
-                                f"see `ray job logs {submission_id}`")  # fmt: skip
+        raise FileNotFoundError(
+            f"job {submission_id} published no outputs to {uri} (experiment {experiment!r}); "
+            f"see `ray job logs {submission_id}`"
+        )
     parent = runs[0].info.run_id
     published = {item.path.rsplit("/", 1)[-1] for item in client.list_artifacts(parent, OUTPUTS_DIR)}
     if missing := [name for name in names if name not in published]:
-        raise FileNotFoundError(f"job {submission_id} did not publish {', '.join(missing)} to its sweep run {parent}; "
-                                f"see `ray job logs {submission_id}`")  # fmt: skip
+        raise FileNotFoundError(
+            f"job {submission_id} did not publish {', '.join(missing)} to its sweep run {parent}; "
+            f"see `ray job logs {submission_id}`"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             local = client.download_artifacts(parent, f"{OUTPUTS_DIR}/{name}", tmp)
@@ -209,8 +228,16 @@ def fetch_outputs(uri: str, experiment: str, submission_id: str, out_dir: Path, 
     return parent
 
 
-def submit_sweep(params: Params, project_root: Path, address: str, params_file: Path, out_dir: Path,
-                 outputs: list[str], *, verbose: bool = False) -> str:  # fmt: skip
+def submit_sweep(
+    params: Params,
+    project_root: Path,
+    address: str,
+    params_file: Path,
+    out_dir: Path,
+    outputs: list[str],
+    *,
+    verbose: bool = False,
+) -> str:
     """Check, package, submit, follow; bring the outputs back into ``out_dir`` when the job wrote them. Returns the
     job's final status (SUCCEEDED, FAILED, STOPPED). ``verbose``: the job logs at debug level too."""
     prepared = check_submittable(params, project_root)
@@ -222,20 +249,26 @@ def submit_sweep(params: Params, project_root: Path, address: str, params_file: 
     with tempfile.TemporaryDirectory(prefix="tune-job-") as tmp, job_client(address) as client:
         package = package_job(project_root, prepared, Path(tmp))
         submit(client, package, job, params_file, verbose)
-        log.info("submitted job %s to %s (commit %s); following its log (Ctrl-C stops the job)", job.submission_id,
-                 address, job.git_commit)  # fmt: skip
+        log.info(
+            "submitted job %s to %s (commit %s); following its log (Ctrl-C stops the job)",
+            job.submission_id,
+            address,
+            job.git_commit,
+        )
         status = follow_job(client, job.submission_id)
     log.info("job %s ended %s", job.submission_id, status)
     if status == "STOPPED":
         return status
     try:
-        parent = fetch_outputs(str(params.tracking.uri), params.tracking.experiment, job.submission_id, out_dir,
-                               outputs)  # fmt: skip
+        parent = fetch_outputs(
+            str(params.tracking.uri), params.tracking.experiment, job.submission_id, out_dir, outputs
+        )
     except FileNotFoundError:
         if status == "SUCCEEDED":
             raise
-        log.error("job %s failed before writing its outputs; see `ray job logs %s`", job.submission_id,
-                  job.submission_id)  # fmt: skip
+        log.error(
+            "job %s failed before writing its outputs; see `ray job logs %s`", job.submission_id, job.submission_id
+        )
         return status
     log.info("wrote %s from the job's sweep run %s", ", ".join(str(out_dir / n) for n in outputs), parent)
     return status

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.config import load_params
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
-from pipeline.sweep.tracking import git_commit
+from pipeline.sweep.tracking.tags import git_commit
 from tests.cluster.conftest import ClusterProject, TwoNodeCluster, tiny_cluster_params
 from tests.integration.conftest import MlflowServer, mlflow_server  # noqa: F401 (the fixture, for this folder too)
 
@@ -24,9 +24,14 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("storage", ["shared folder", "bucket"])
-def test_the_sweep_submitted_as_a_job(cluster: TwoNodeCluster, cluster_project: ClusterProject,
-                                      mlflow_server: MlflowServer, tmp_path: Path, storage: str,  # noqa: F811
-                                      request: pytest.FixtureRequest) -> None:  # fmt: skip
+def test_the_sweep_submitted_as_a_job(
+    cluster: TwoNodeCluster,
+    cluster_project: ClusterProject,
+    mlflow_server: MlflowServer,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    storage: str,
+    request: pytest.FixtureRequest,
+) -> None:
     params = tiny_cluster_params(uri=mlflow_server.uri)
     bucket = request.getfixturevalue("bucket") if storage == "bucket" else None
     # One experiment each: the sweep's identity does not depend on its storage, so the other's runs would be reused.
@@ -74,8 +79,12 @@ def test_the_sweep_submitted_as_a_job(cluster: TwoNodeCluster, cluster_project: 
         assert sum(key.endswith("checkpoint_000002/checkpoint.pt") for key in bucket.keys("ray")) == 2
 
 
-def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(cluster: TwoNodeCluster, cluster_project: ClusterProject,
-                                                        mlflow_server: MlflowServer, tmp_path: Path) -> None:  # noqa: F811  # fmt: skip
+def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
+    cluster: TwoNodeCluster,
+    cluster_project: ClusterProject,
+    mlflow_server: MlflowServer,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+) -> None:
     """Ctrl-C on the workstation stops the job as Ctrl-C stops a local run (its runs closed, nothing RUNNING); the
     next submission resumes the same runs from their checkpoints, each epoch logged once."""
     params = tiny_cluster_params(uri=mlflow_server.uri)
@@ -86,8 +95,14 @@ def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(cluster: TwoNodeCluster
     env = cluster.driver_env(RAY_ADDRESS=None, RAY_API_SERVER_ADDRESS=cluster.head.dashboard)
     client = MlflowClient(mlflow_server.uri)
     log = (tmp_path / "first.log").open("w+")
-    first = subprocess.Popen([sys.executable, "-m", "stages.tune", "--submit"], cwd=cluster_project.path, env=env,
-                             stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    first = subprocess.Popen(
+        [sys.executable, "-m", "stages.tune", "--submit"],
+        cwd=cluster_project.path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not _epochs_by_run(client, "it-cluster-job-stop"):  # a trial has logged an epoch: stop the job
@@ -120,8 +135,9 @@ def _epochs_by_run(client: MlflowClient, experiment: str) -> dict[str, list[int]
     if found is None:
         return {}
     runs = [run for run in client.search_runs([found.experiment_id]) if "mlflow.parentRunId" in run.data.tags]
-    steps = {run.info.run_id: sorted(m.step for m in client.get_metric_history(run.info.run_id, "test_acc"))
-             for run in runs}  # fmt: skip
+    steps = {
+        run.info.run_id: sorted(m.step for m in client.get_metric_history(run.info.run_id, "test_acc")) for run in runs
+    }
     return {run_id: epochs for run_id, epochs in steps.items() if epochs}
 
 

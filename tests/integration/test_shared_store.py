@@ -16,13 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 OPEN_SWEEP = """
 import sys, time
 from pathlib import Path
-from pipeline.sweep import tracking
+from pipeline.sweep.tracking.parent import open_parent_run
 from pipeline.sweep.storage import StoragePath
 uri, go, project = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 print("ready", flush=True)
 while not go.exists():  # every process has imported MLflow: start together
     time.sleep(0.005)
-sweep = tracking.open_sweep_run(uri, "shared", StoragePath(project / "ray"), run_name=project.name, tags={},
+sweep = open_parent_run(uri, "shared", StoragePath(project / "ray"), run_name=project.name, tags={},
                                 params={"p": "1"}, project_root=project)
 print(sweep.parent_run_id)
 """
@@ -32,9 +32,16 @@ def test_two_projects_create_one_fresh_sqlite_store_at_once(tmp_path: Path) -> N
     uri = f"sqlite:///{tmp_path / 'shared' / 'mlflow.db'}"
     go = tmp_path / "go"
     projects = [tmp_path / f"project{i}" for i in range(3)]
-    processes = [subprocess.Popen([sys.executable, "-c", OPEN_SWEEP, uri, str(go), str(project)], cwd=ROOT,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for project in projects]  # fmt: skip
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_SWEEP, uri, str(go), str(project)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for project in projects
+    ]
     assert all(process.stdout.readline().strip() == "ready" for process in processes)  # MLflow imported by all
     go.touch()
     outputs = [process.communicate(timeout=120) for process in processes]

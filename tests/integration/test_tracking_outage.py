@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.config import load_params
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
-from pipeline.sweep.tracking_buffer import BUFFER_FILE
+from pipeline.sweep.tracking.buffer import BUFFER_FILE
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -42,8 +42,14 @@ def server(tmp_path: Path) -> Iterator[MlflowServer]:
 
 
 def _start_tune(project: Project) -> subprocess.Popen:
-    return subprocess.Popen(["python", "-m", "stages.tune"], cwd=project.path, env={**project.env, **TINY_RETRY_BUDGET},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        ["python", "-m", "stages.tune"],
+        cwd=project.path,
+        env={**project.env, **TINY_RETRY_BUDGET},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _sweep(project: Project, params: dict, server: MlflowServer, seeds: list[int]) -> Path:
@@ -146,8 +152,14 @@ def test_a_server_that_stays_down_ends_in_one_line_and_the_next_run_flushes(
     assert sorted(trained.values()) == [EPOCHS, EPOCHS]
 
     server.start()
-    done = subprocess.run(["python", "-m", "stages.tune"], cwd=project.path, env={**project.env, **TINY_RETRY_BUDGET},
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        ["python", "-m", "stages.tune"],
+        cwd=project.path,
+        env={**project.env, **TINY_RETRY_BUDGET},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert f"{len(buffered)} buffered write(s) flushed" in output and "Traceback" not in output, output[-3000:]

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.config import load_params
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
-from pipeline.sweep.logged_model import MODEL_URI_TAG
+from pipeline.sweep.tracking.tags import MODEL_URI_TAG
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -36,8 +36,12 @@ def swept(project: Project) -> dict:
     done = project.dvc("repro")
     manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
     metrics = project.dvc("metrics", "show").stdout
-    return {"output": done.stdout + done.stderr, "manifest": manifest, "metrics_shown": metrics,
-            "seconds": time.monotonic() - started}  # fmt: skip
+    return {
+        "output": done.stdout + done.stderr,
+        "manifest": manifest,
+        "metrics_shown": metrics,
+        "seconds": time.monotonic() - started,
+    }
 
 
 def children(client: MlflowClient, manifest: dict) -> list:
@@ -59,8 +63,16 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
     assert not [r for r in everything if r.info.status == "RUNNING"]
     for run in runs:
         tags = run.data.tags
-        for key in ("ray.trial_id", "git_commit", "dvc_stage", "params_hash", "variant", "seed", "ray.node_id",
-                    "device_name"):  # fmt: skip
+        for key in (
+            "ray.trial_id",
+            "git_commit",
+            "dvc_stage",
+            "params_hash",
+            "variant",
+            "seed",
+            "ray.node_id",
+            "device_name",
+        ):
             assert tags.get(key), key
         assert tags["tune.retries"] == "1" and tags["tune.status"] == "finished"
         assert run.data.params["train.epochs"] == "2" and run.data.params["model.hidden"] == "16"
@@ -154,9 +166,19 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
     dom = {}
     for name, url in pages.items():
         profile = tempfile.mkdtemp(dir=tmp_path)
-        command = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                   f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=2400,1000"]  # fmt: skip
+        command = [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=20000",
+            "--window-size=2400,1000",
+        ]
         shot = subprocess.run([*command, f"--screenshot={tmp_path / name}.png", url], capture_output=True, timeout=120)
         assert shot.returncode == 0, shot.stderr[-2000:]
         dumped = subprocess.run([*command, "--dump-dom", url], capture_output=True, text=True, timeout=120)
@@ -233,9 +255,10 @@ def test_asha_stops_weak_trials_early_and_says_so(swept: dict, project: Project,
     params["train"]["epochs"] = 4
     params["sweep"].update(
         variants=["sa_quadratic_9", "sa_quadratic_16", "sa_generalized_9", "sa_learned_9", "resnet18"],
-        max_concurrent_trials=1, fail_once_after_epoch=None,
+        max_concurrent_trials=1,
+        fail_once_after_epoch=None,
         asha={"enabled": True, "grace_period": 1, "reduction_factor": 2},
-    )  # fmt: skip
+    )
     project.write_params(params)
     project.run("python", "-m", "stages.tune")
     manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
@@ -262,7 +285,7 @@ def test_asha_stops_weak_trials_early_and_says_so(swept: dict, project: Project,
 
 def test_a_trial_larger_than_the_running_ray_is_refused(ray_address: str, tmp_path: Path) -> None:
     from pipeline.config import parse_params
-    from pipeline.sweep.plan import preflight
+    from pipeline.sweep.preflight import preflight
 
     raw = load_params(Path(__file__).resolve().parents[2] / "params.yaml").model_dump(mode="json")
     raw["sweep"]["resources"] = {"cpu": 3, "gpu": 0}  # the session's Ray has 2 CPUs

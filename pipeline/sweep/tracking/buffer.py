@@ -1,7 +1,7 @@
 """MLflow writes that outlive a tracking-server outage: a write-ahead buffer on disk, replayed when the server answers.
 
-Why: the driver writes every run (``pipeline.sweep.tracking``). An http tracking server down for longer than the
-MLflow client's retry budget (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` x ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``: about four
+Why: the driver writes every run (``callback``). An http tracking server down for longer than the MLflow client's
+retry budget (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` x ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``: about four
 minutes by default) made every write raise, and the sweep died while its trials trained fine. Here:
 
 - a write that fails because the server cannot be reached (connection refused or reset, a timeout, 5xx replies until
@@ -28,14 +28,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import requests
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
 
 from pipeline.io import write_json_atomic, write_text_atomic
-from pipeline.sweep.logged_model import PreparedDataset, log_checkpoint
 from pipeline.sweep.reuse import checkpoint_epoch, newest_checkpoint
 from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.tracking.logged_model import PreparedDataset, log_checkpoint
+from pipeline.sweep.tracking.store import PROBE_TIMEOUT_S, is_outage, mlflow_client, server_answers
 
 log = logging.getLogger(__name__)
 
@@ -43,33 +42,7 @@ BUFFER_FILE = "mlflow_buffer.jsonl"  # in the Ray experiment directory
 RUNS_FILE = "mlflow_buffer_runs.json"  # beside it: run id handed out while the server was down -> the run it became
 PLACEHOLDER = "buffered-"  # how such a run id starts (``buffered-<trial id>``)
 RETRY_EVERY_S = 10.0  # while the server is down: at most one /health probe per this many seconds
-PROBE_TIMEOUT_S = 2.0
 FINAL_WAIT_S = 60.0  # at the end of a sweep: how long to wait for a server that is down before giving up
-OUTAGE_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.RetryError)
-
-
-def is_outage(err: BaseException) -> bool:
-    """Whether ``err`` says the server could not be reached, as opposed to a request it refused. MLflow wraps the
-    ``requests`` error in an ``MlflowException`` raised inside its ``except`` block: the cause is the context."""
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, OUTAGE_ERRORS):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return False
-
-
-def server_answers(uri: str) -> bool:
-    """A short probe of an http tracking server's ``/health`` (never the client's minutes of retries); a local store
-    has no server to be down."""
-    if not uri.startswith(("http://", "https://")):
-        return True
-    try:
-        return requests.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).status_code == 200
-    except requests.exceptions.RequestException:
-        return False
 
 
 def newest_loading_checkpoint(preferred: StoragePath, trial_dir: StoragePath) -> StoragePath | None:
@@ -100,7 +73,7 @@ class TrackingBuffer:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = self._client_factory() if self._client_factory else MlflowClient(self.uri)
+            self._client = self._client_factory() if self._client_factory else mlflow_client(self.uri)
         return self._client
 
     @property
@@ -126,17 +99,29 @@ class TrackingBuffer:
     # The writes the driver makes, each one entry of the buffer.
     def create_run(self, placeholder: str, experiment_id: str, run_name: str, tags: dict[str, str]) -> str:
         """A run created while the server is down: ``placeholder`` stands for it in the writes queued behind it."""
-        self._append({"op": "create_run", "run_id": placeholder, "experiment_id": experiment_id, "run_name": run_name,
-                      "tags": tags})  # fmt: skip
+        self._append(
+            {
+                "op": "create_run",
+                "run_id": placeholder,
+                "experiment_id": experiment_id,
+                "run_name": run_name,
+                "tags": tags,
+            }
+        )
         return placeholder
 
     def log_batch(
         self, run_id: str, metrics: Sequence[Metric] = (), params: Sequence[Param] = (), tags: Sequence[RunTag] = ()
     ) -> None:
-        self.write({"op": "log_batch", "run_id": run_id,
-                    "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
-                    "params": [[p.key, p.value] for p in params],
-                    "tags": [[t.key, t.value] for t in tags]})  # fmt: skip
+        self.write(
+            {
+                "op": "log_batch",
+                "run_id": run_id,
+                "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
+                "params": [[p.key, p.value] for p in params],
+                "tags": [[t.key, t.value] for t in tags],
+            }
+        )
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
         self.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
@@ -150,13 +135,27 @@ class TrackingBuffer:
     def log_dict(self, run_id: str, payload: Any, name: str) -> None:
         self.write({"op": "log_dict", "run_id": run_id, "payload": payload, "name": name})
 
-    def upload_checkpoint(self, run_id: str, checkpoint: StoragePath, trial_dir: StoragePath,
-                          dataset: PreparedDataset | None, local: Path | None = None) -> None:  # fmt: skip
+    def upload_checkpoint(
+        self,
+        run_id: str,
+        checkpoint: StoragePath,
+        trial_dir: StoragePath,
+        dataset: PreparedDataset | None,
+        local: Path | None = None,
+    ) -> None:
         """The trial's checkpoint folder as the run's ``checkpoint/`` artifact and its final model (``log_checkpoint``);
         replayed later, the trial's newest checkpoint that loads then. ``local``: a copy of ``checkpoint`` on this
         disk that loads (a bucket's checkpoint already downloaded), uploaded from when the write is applied now."""
-        self.write({"op": "upload_checkpoint", "run_id": run_id, "checkpoint": str(checkpoint),
-                    "trial_dir": str(trial_dir), "dataset": asdict(dataset) if dataset else None}, local)  # fmt: skip
+        self.write(
+            {
+                "op": "upload_checkpoint",
+                "run_id": run_id,
+                "checkpoint": str(checkpoint),
+                "trial_dir": str(trial_dir),
+                "dataset": asdict(dataset) if dataset else None,
+            },
+            local,
+        )
 
     def write(self, entry: dict[str, Any], local: Path | None = None) -> None:
         """Apply ``entry`` now, or queue it behind earlier ones while the server is down (or was, and a probe has not
@@ -175,9 +174,14 @@ class TrackingBuffer:
 
     def went_down(self, err: BaseException) -> None:
         if not self.down:
-            log.warning("MLflow: the tracking server at %s does not answer (%s); training goes on, writes are "
-                        "buffered in %s and retried every %.0f s", self.uri, _first_line(err), self.path,
-                        RETRY_EVERY_S)  # fmt: skip
+            log.warning(
+                "MLflow: the tracking server at %s does not answer (%s); training goes on, writes are "
+                "buffered in %s and retried every %.0f s",
+                self.uri,
+                _first_line(err),
+                self.path,
+                RETRY_EVERY_S,
+            )
         self.down = True
         self._next_probe = time.monotonic() + RETRY_EVERY_S
 
@@ -200,16 +204,21 @@ class TrackingBuffer:
                 self._apply(entry)
             except Exception as err:
                 if not is_outage(err):  # refused (the run was deleted meanwhile...): it can never succeed
-                    log.warning("MLflow: dropping buffered %s of run %s, refused by the server: %s", entry["op"],
-                                entry.get("run_id"), _first_line(err))  # fmt: skip
+                    log.warning(
+                        "MLflow: dropping buffered %s of run %s, refused by the server: %s",
+                        entry["op"],
+                        entry.get("run_id"),
+                        _first_line(err),
+                    )
                     continue
                 self._rewrite([{**entry, "attempted": True}, *entries[done + 1 :]])
                 self.went_down(err)
                 return False
         self._rewrite([])
         if entries:
-            log.info("MLflow: the tracking server at %s answers again; %d buffered write(s) flushed", self.uri,
-                     len(entries))  # fmt: skip
+            log.info(
+                "MLflow: the tracking server at %s answers again; %d buffered write(s) flushed", self.uri, len(entries)
+            )
         return True
 
     def wait_flushed(self, seconds: float) -> bool:
@@ -231,12 +240,18 @@ class TrackingBuffer:
         elif op == "log_batch":
             metrics = [Metric(*m) for m in entry["metrics"]]
             if entry.get("attempted") and metrics:  # sent once already: a timeout may hide that the server got it
-                logged = {(m.key, m.step) for key in {m.key for m in metrics}
-                          for m in self.client.get_metric_history(run_id, key)}  # fmt: skip
+                logged = {
+                    (m.key, m.step)
+                    for key in {m.key for m in metrics}
+                    for m in self.client.get_metric_history(run_id, key)
+                }
                 metrics = [m for m in metrics if (m.key, m.step) not in logged]
-            self.client.log_batch(run_id, metrics=metrics,
-                                  params=[Param(*p) for p in entry["params"]],
-                                  tags=[RunTag(*t) for t in entry["tags"]])  # fmt: skip
+            self.client.log_batch(
+                run_id,
+                metrics=metrics,
+                params=[Param(*p) for p in entry["params"]],
+                tags=[RunTag(*t) for t in entry["tags"]],
+            )
         elif op == "update_run":
             self.client.update_run(run_id, status=entry["status"])
         elif op == "set_terminated":
@@ -276,8 +291,9 @@ class TrackingBuffer:
             except json.JSONDecodeError:
                 if number < len(lines):
                     raise ValueError(f"{self.path}: line {number} is not JSON; the buffer was edited?") from None
-                log.warning("MLflow: %s ends in a half-written line (the driver died writing it); it is dropped",
-                            self.path)  # fmt: skip
+                log.warning(
+                    "MLflow: %s ends in a half-written line (the driver died writing it); it is dropped", self.path
+                )
         return entries
 
     def _append(self, entry: dict[str, Any]) -> None:
@@ -333,8 +349,12 @@ def flush_buffers(storage: StoragePath, local_root: Path) -> None:
         entries = TrackingBuffer(path, "")._entries()
         buffer = TrackingBuffer(path, entries[0]["uri"] if entries else "")
         if entries and not buffer.flush(force=True):
-            log.warning("MLflow: %d write(s) for %s stay buffered in %s (the server does not answer); the next run "
-                        "tries again", buffer.pending, buffer.uri, path)  # fmt: skip
+            log.warning(
+                "MLflow: %d write(s) for %s stay buffered in %s (the server does not answer); the next run tries again",
+                buffer.pending,
+                buffer.uri,
+                path,
+            )
 
 
 def _first_line(err: BaseException) -> str:

@@ -1,47 +1,54 @@
-"""MLflow tracking of a Ray Tune sweep: one parent run per sweep, one child run per trial, all written by the driver.
+"""The driver-side Tune callback that writes every trial's MLflow run: one child run per trial, continued on retry and
+restore.
 
-Why the driver writes everything instead of the trials or the stock ``MLflowLoggerCallback``:
+The custom callback stays because Ray's ``MLflowLoggerCallback`` loses its trial -> run map on restore (a second run per
+trial), logs at Tune's iteration instead of the trial's epoch and has no parent run (see ``MlflowTrialCallback``).
+
+Why the driver writes everything instead of the trials:
 - one writer process, so a local sqlite store never sees concurrent first writers or ``set_experiment`` races, and
   the trials need no tracking URI at all (nothing depends on a trial's working directory or node);
 - ``MlflowTrialCallback`` keeps the ``trial_id -> run_id`` map in Tune's own experiment state (``get_state`` /
   ``set_state``), so a retried trial (``FailureConfig``) and a restored sweep (``Tuner.restore``) continue the run
-  they started instead of opening a duplicate; the parent run id is kept next to that state (``PARENT_FILE``);
-- metrics go out as one ``log_batch`` per epoch (``step=epoch``), with only the training metrics, not Ray's
-  bookkeeping keys; the final checkpoint and head-centre history are uploaded once, when the trial ends, with the
-  final model (an MLflow model) and the prepared dataset as the run's input.
+  they started instead of opening a duplicate; the parent run id is kept next to that state (``parent.PARENT_FILE``);
+- metrics go out as one ``log_batch`` per epoch (``step=epoch``), only those ``epoch_metrics`` picks from the report,
+  not Ray's bookkeeping keys; the final checkpoint and head-centre history are uploaded once, when the trial ends,
+  with the final model (an MLflow model) and the prepared dataset as the run's input.
 Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_interrupted`` and reopened on restore.
-Every write to a run goes through the callback's ``TrackingBuffer`` (``tracking_buffer``): a tracking server that
-stays down queues the writes on disk instead of stopping the sweep, and they are replayed when it answers again.
+Every write to a run goes through the callback's ``TrackingBuffer`` (``buffer``): a tracking server that stays down
+queues the writes on disk instead of stopping the sweep, and they are replayed when it answers again.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
-import os
-import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-from mlflow.tracking.context.registry import resolve_tags
 from ray.tune import Callback
-from ray.tune.utils import flatten_dict
 
-from pipeline.config import TrackingConfig
-from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root, default_store_uri
-from pipeline.sweep.logged_model import PreparedDataset
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
-from pipeline.sweep.reuse import TRIAL_PATH_TAG
 from pipeline.sweep.storage import StoragePath
-from pipeline.sweep.tracking_buffer import BUFFER_FILE, PLACEHOLDER, TrackingBuffer, is_outage
+from pipeline.sweep.tracking.buffer import BUFFER_FILE, PLACEHOLDER, TrackingBuffer
+from pipeline.sweep.tracking.logged_model import PreparedDataset
+from pipeline.sweep.tracking.parent import ParentRun
+from pipeline.sweep.tracking.store import CountingClient, child_runs, is_outage, mlflow_client
+from pipeline.sweep.tracking.tags import (
+    FAILURE_REASON_TAG,
+    LAST_EPOCH_TAG,
+    NODES_TAG,
+    NOTE_TAG,
+    PARENT_TAG,
+    STATUS_TAG,
+    TRIAL_ID_TAG,
+    TRIAL_PATH_TAG,
+    context_tags,
+)
 from pipeline.trial.checkpoint import checkpoint_loads, load_checkpoint
 from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError
 
@@ -49,10 +56,12 @@ log = logging.getLogger(__name__)
 
 # Keys of run_trial's per-epoch report that become MLflow metrics (``epoch`` is the step, not a metric).
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
-FAILURE_REASON_TAG = "tune.failure_reason"  # why a trial failed without retries (UnretryableTrialError)
-NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
-DVC_EXP_TAG = "dvc.exp_name"
-PARENT_FILE = "mlflow_parent_run.json"  # in the Ray experiment dir: the sweep's parent run, reused on restore
+
+
+def epoch_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    """The MLflow metrics of one epoch's report (a trial's result, or an entry of its checkpoint's history): the one
+    place that chooses which reported keys a run charts per epoch."""
+    return {key: float(report[key]) for key in EPOCH_METRICS if key in report}
 
 
 @dataclass(frozen=True)
@@ -68,204 +77,12 @@ class TrialInfo:
     start_artifacts: dict[str, Any] = field(default_factory=dict)
 
 
-NODES_TAG = "ray.node_ids"  # comma-separated, in order: every node a trial's run trained on
-
-
-class CountingClient:
-    """An ``MlflowClient`` that counts the requests made through it, so the logging cost per epoch is measured."""
-
-    def __init__(self, client: MlflowClient) -> None:
-        self._client = client
-        self.calls: Counter = Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._client, name)
-        if not callable(method):
-            return method
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] += 1
-            return method(*args, **kwargs)
-
-        return counted
-
-
-@dataclass(frozen=True)
-class SweepRun:
-    tracking_uri: str
-    experiment_id: str
-    parent_run_id: str
-
-
-def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
-    """``tracking.uri`` or an sqlite store at an absolute ``<project>/mlflow.db`` (never ``./mlruns``)."""
-    return cfg.uri or default_store_uri(project_root)
-
-
-def prepare_store(uri: str, artifacts: Path | None = None) -> None:
-    """Create (migrate) a local sqlite store in one process at a time. MLflow builds a fresh database's schema on first
-    use; two processes doing it at once (two projects sharing one store) crash in the migration. The second waits on
-    a lock file beside the database, then finds the schema complete. Other stores need nothing.
-
-    ``artifacts``: the default project-local store's artifact folder; locations in the store that name another
-    project's (a copied or moved project) are pointed at it (``location.adopt_artifact_root``)."""
-    if not uri.startswith("sqlite:///"):
-        return
-    database = Path(uri.removeprefix("sqlite:///"))
-    database.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{database}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
-        MlflowClient(uri).search_experiments(max_results=1)  # the first use creates and migrates the schema
-        if artifacts is not None:
-            adopt_artifact_root(database, artifacts)
-
-
-def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> None:
-    """Every run a manifest names must still be in the tracking store (runs deleted or a different store: refuse)."""
-    client = MlflowClient(uri)
-    for run_id in run_ids:
-        try:
-            deleted = client.get_run(str(run_id)).info.lifecycle_stage == "deleted"
-        except MlflowException:
-            deleted = True
-        if deleted:
-            raise ValueError(f"{manifest}: run {run_id} is not in the MLflow store at {uri} (deleted?)")
-
-
-def artifact_root(uri: str, project_root: Path) -> str | None:
-    """Artifact location for a new experiment: ``<project>/mlartifacts`` next to a local sqlite store.
-
-    Without it MLflow would use ``<cwd at creation>/mlruns``; a server (http) decides for itself (proxied artifacts).
-    """
-    return (project_root / ARTIFACTS_DIR).resolve().as_uri() if uri.startswith("sqlite:") else None
-
-
-def git_commit(project_root: Path) -> str:
-    """HEAD's sha, suffixed ``-dirty`` when tracked files differ from it; ``unknown`` outside git."""
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=project_root, capture_output=True, text=True, check=True)
-        return done.stdout.strip()
-
-    try:
-        sha = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{sha}-dirty" if dirty else sha
-
-
-def flatten(tree: dict[str, Any]) -> dict[str, str]:
-    """``{"model": {"hidden": 32}}`` -> ``{"model.hidden": "32"}``: Tune's ``flatten_dict``, values as MLflow's
-    strings (lists as JSON)."""
-    flat = flatten_dict(tree, delimiter=".")
-    return {key: json.dumps(value) if isinstance(value, list | tuple) else str(value) for key, value in flat.items()}
-
-
-def context_tags() -> dict[str, str]:
-    """The tags ``mlflow.start_run`` would add (user, source name and type, git commit of the entry point), which
-    ``MlflowClient.create_run`` does not, and the DVC experiment when ``dvc exp run`` runs the stage (DVC sets
-    ``DVC_EXP_NAME`` for it)."""
-    tags = resolve_tags()
-    experiment = os.environ.get("DVC_EXP_NAME")
-    return {**tags, DVC_EXP_TAG: experiment} if experiment else tags
-
-
-def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> str:
-    """The experiment's id, created once here in the driver (a cold store must not be migrated by many writers)."""
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None:
-        try:
-            return client.create_experiment(name, artifact_location=location)
-        except MlflowException:  # created by someone else meanwhile
-            experiment = client.get_experiment_by_name(name)
-            if experiment is None:
-                raise
-    if experiment.lifecycle_stage == "deleted":
-        client.restore_experiment(experiment.experiment_id)
-    return experiment.experiment_id
-
-
-def store_key(uri: str, project_root: Path) -> str:
-    """Which store ``uri`` is, independent of where the project lies: a sqlite file inside the project is named by its
-    path relative to the project, so a moved or copied project (another checkout, a cluster head) still finds the
-    sweep's parent run; any other store is its URI."""
-    if uri.startswith("sqlite:///"):
-        database = Path(uri.removeprefix("sqlite:///")).resolve()
-        if database.is_relative_to(project_root.resolve()):
-            return f"project:{database.relative_to(project_root.resolve()).as_posix()}"
-    return uri
-
-
-def open_sweep_run(
-    uri: str,
-    experiment: str,
-    experiment_dir: StoragePath,
-    *,
-    run_name: str,
-    tags: dict[str, str],
-    params: dict[str, str],
-    project_root: Path,
-    default_store: bool = False,
-) -> SweepRun:
-    """The sweep's parent run: the one recorded in ``experiment_dir`` (a resumed sweep), else a new one.
-    ``default_store``: ``uri`` is the project-local default (``tracking.uri`` unset), whose artifact locations follow
-    the project when it is copied or moved; a store the user named is never rewritten."""
-    prepare_store(uri, project_root / ARTIFACTS_DIR if default_store else None)
-    client = MlflowClient(uri)
-    experiment_id = ensure_experiment(client, experiment, artifact_root(uri, project_root))
-    record = experiment_dir / PARENT_FILE
-    if record.is_file():
-        saved = json.loads(record.read_text())
-        if saved.get("store", saved.get("tracking_uri")) == store_key(uri, project_root):
-            try:
-                client.update_run(saved["parent_run_id"], status="RUNNING")
-                log.info("MLflow: continuing sweep run %s (%s)", saved["parent_run_id"], uri)
-                return SweepRun(uri, saved["experiment_id"], saved["parent_run_id"])
-            except MlflowException as err:
-                log.warning("MLflow: recorded sweep run not usable (%s); starting a new one", err)
-    run = client.create_run(experiment_id, run_name=run_name, tags={**context_tags(), **tags})
-    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
-    sweep = SweepRun(uri, experiment_id, run.info.run_id)
-    saved = {"tracking_uri": uri, "store": store_key(uri, project_root), "experiment_id": experiment_id,
-             "parent_run_id": sweep.parent_run_id}  # fmt: skip
-    record.write_text(json.dumps(saved))
-    log.info("MLflow: sweep run %s in experiment %r (%s)", sweep.parent_run_id, experiment, uri)
-    return sweep
-
-
-def sweep_finished(experiment_dir: StoragePath, uri: str) -> bool:
-    """Whether the parent run recorded in ``experiment_dir`` ended FINISHED in the store at ``uri`` (False when it
-    cannot be told)."""
-    record = experiment_dir / PARENT_FILE
-    if not record.is_file():
-        return False
-    try:
-        return MlflowClient(uri).get_run(json.loads(record.read_text())["parent_run_id"]).info.status == "FINISHED"
-    except (MlflowException, KeyError, ValueError):
-        return False
-
-
-def child_runs(sweep: SweepRun) -> dict[str, Any]:
-    """The sweep's child runs keyed by ``ray.trial_id``."""
-    client = MlflowClient(sweep.tracking_uri)
-    query = f"tags.`mlflow.parentRunId` = '{sweep.parent_run_id}'"
-    runs, token = [], None
-    while True:
-        page = client.search_runs([sweep.experiment_id], query, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            break
-    return {run.data.tags.get("ray.trial_id", run.info.run_id): run for run in runs}
-
-
 def trial_outcome(run: Any | None) -> str:
     """How the trial of ``run`` (an MLflow ``Run``, read after ``fit()``) ended: the label its callback set when Tune
     ended it, or ``interrupted`` when Tune never did (the run is still open: Ctrl-C, SIGTERM, a lost driver)."""
     if run is None or run.info.status == "RUNNING":
         return INTERRUPTED
-    label = run.data.tags.get("tune.status")
+    label = run.data.tags.get(STATUS_TAG)
     return label if label in (FINISHED, EARLY_STOPPED, ERROR) else INTERRUPTED
 
 
@@ -274,12 +91,12 @@ def close_interrupted(callback: MlflowTrialCallback) -> int:
     Besides the sweep's children, the runs of an earlier sweep that this one continued. With the server down (or
     writes still queued) the store cannot say which runs are open: those the callback opened and did not end are
     closed through the buffer."""
-    sweep, buffer = callback.sweep, callback.buffer
+    parent, buffer = callback.parent, callback.buffer
     open_ids = sorted(callback.open_runs())
     if buffer.flush(force=True):
         try:
-            client = MlflowClient(sweep.tracking_uri)
-            runs = child_runs(sweep)
+            client = mlflow_client(parent.tracking_uri)
+            runs = child_runs(parent.tracking_uri, parent.experiment_id, parent.parent_run_id)
             known = {run.info.run_id for run in runs.values()}
             runs |= {run_id: client.get_run(run_id) for run_id in set(callback.run_ids().values()) - known}
             open_ids = [run.info.run_id for run in runs.values() if run.info.status == "RUNNING"]
@@ -288,22 +105,10 @@ def close_interrupted(callback: MlflowTrialCallback) -> int:
                 raise
             buffer.went_down(err)
     for run_id in open_ids:
-        buffer.set_tags(run_id, {"tune.status": INTERRUPTED})
+        buffer.set_tags(run_id, {STATUS_TAG: INTERRUPTED})
         buffer.set_terminated(run_id, "KILLED")
-    buffer.set_terminated(sweep.parent_run_id, "KILLED")
+    buffer.set_terminated(parent.parent_run_id, "KILLED")
     return len(open_ids)
-
-
-def record_sweep_trials(sweep: SweepRun, trials: list[dict[str, Any]], buffer: TrackingBuffer) -> None:
-    """The parent run's ``sweep_trials.json``: per trial, its run and whether this sweep trained, resumed or reused it
-    (a reused or resumed run keeps the parent that started it: MLflow runs are not re-parented)."""
-    buffer.log_dict(sweep.parent_run_id, {"trials": trials}, "sweep_trials.json")
-
-
-def finish_sweep(sweep: SweepRun, status: str, tags: dict[str, str] | None, buffer: TrackingBuffer) -> None:
-    if tags:
-        buffer.set_tags(sweep.parent_run_id, tags)
-    buffer.set_terminated(sweep.parent_run_id, status)
 
 
 def unretryable_reason(trial: Any) -> str | None:
@@ -342,7 +147,7 @@ class MlflowTrialCallback(Callback):
 
     def __init__(
         self,
-        sweep: SweepRun,
+        parent: ParentRun,
         run_info: Callable[[dict], TrialInfo],
         tags: dict[str, str],
         epochs: int,
@@ -350,7 +155,7 @@ class MlflowTrialCallback(Callback):
         buffer_dir: Path | None = None,
         storage: StoragePath | None = None,
     ) -> None:
-        self.sweep = sweep
+        self.parent = parent
         self.run_info = run_info
         self.tags = {**context_tags(), **tags}
         self.dataset = dataset  # logged as every trial's input when it ends
@@ -371,13 +176,13 @@ class MlflowTrialCallback(Callback):
     @property
     def client(self) -> CountingClient:
         if self._client is None:
-            self._client = CountingClient(MlflowClient(self.sweep.tracking_uri))
+            self._client = CountingClient(mlflow_client(self.parent.tracking_uri))
         return self._client
 
     @property
     def buffer(self) -> TrackingBuffer:
         if self._buffer is None:
-            self._buffer = TrackingBuffer(self.buffer_file, self.sweep.tracking_uri, lambda: self.client)
+            self._buffer = TrackingBuffer(self.buffer_file, self.parent.tracking_uri, lambda: self.client)
         return self._buffer
 
     @property
@@ -446,10 +251,13 @@ class MlflowTrialCallback(Callback):
         if run_id is not None:  # a retry, a restored sweep or a trial resumed from an earlier sweep: continue its run
             self.runs[trial.trial_id] = run_id
             self.buffer.update_run(run_id, "RUNNING")
-            tags = {"tune.status": "running", "ray.trial_id": trial.trial_id,
-                    TRIAL_PATH_TAG: str(self.location_of(trial.path))}  # fmt: skip
+            tags = {
+                STATUS_TAG: "running",
+                TRIAL_ID_TAG: trial.trial_id,
+                TRIAL_PATH_TAG: str(self.location_of(trial.path)),
+            }
             self.buffer.set_tags(run_id, tags)
-            parent = {} if from_earlier_sweep else {"mlflow.parentRunId": self.sweep.parent_run_id}
+            parent = {} if from_earlier_sweep else {PARENT_TAG: self.parent.parent_run_id}
             self._remember(trial, {**tags, **parent})
             # Tune resumes from its last saved state, which can lag behind what was logged (Ctrl-C between a report
             # and the next snapshot): epochs already in the run are trained again but not logged twice.
@@ -467,13 +275,14 @@ class MlflowTrialCallback(Callback):
             return
         described = self.run_info(trial.config)
         tags = {
-            **self.tags, **described.tags,
-            "mlflow.parentRunId": self.sweep.parent_run_id,
-            "ray.trial_id": trial.trial_id,
+            **self.tags,
+            **described.tags,
+            PARENT_TAG: self.parent.parent_run_id,
+            TRIAL_ID_TAG: trial.trial_id,
             "ray.trial_name": str(trial),
             TRIAL_PATH_TAG: str(self.location_of(trial.path)),  # where a later sweep finds checkpoints to resume from
-            "tune.status": "running",
-        }  # fmt: skip
+            STATUS_TAG: "running",
+        }
         run_id = self._create_run(trial.trial_id, described.run_name, tags)
         self._remember(trial, tags, described.run_name)
         now = int(time.time() * 1000)
@@ -497,12 +306,12 @@ class MlflowTrialCallback(Callback):
         buffer = self.buffer
         if not (buffer.down or buffer.pending):
             try:
-                return self.client.create_run(self.sweep.experiment_id, run_name=run_name, tags=tags).info.run_id
+                return self.client.create_run(self.parent.experiment_id, run_name=run_name, tags=tags).info.run_id
             except MlflowException as err:
                 if not is_outage(err) or self.buffer_file is None:
                     raise
                 buffer.went_down(err)
-        return buffer.create_run(f"{PLACEHOLDER}{trial_id}", self.sweep.experiment_id, run_name, tags)
+        return buffer.create_run(f"{PLACEHOLDER}{trial_id}", self.parent.experiment_id, run_name, tags)
 
     def _log_checkpoint_history(self, trial: Any, run_id: str, checkpoint_dir: StoragePath) -> None:
         """A checkpoint can be ahead of its run (the driver stopped after the trial saved epoch k but before it
@@ -515,7 +324,7 @@ class MlflowTrialCallback(Callback):
         now = int(time.time() * 1000)
         for report in missing:
             epoch = int(report["epoch"])
-            metrics = [Metric(k, float(report[k]), now, epoch) for k in EPOCH_METRICS if k in report]
+            metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(report).items()]
             self.buffer.log_batch(run_id, metrics=metrics)
             self._logged_through[trial.trial_id] = epoch
         if missing:
@@ -535,7 +344,7 @@ class MlflowTrialCallback(Callback):
                 self.buffer.log_batch(run_id, tags=where)
             return
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(result[k]), now, epoch) for k in EPOCH_METRICS if k in result]
+        metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(result).items()]
         self.buffer.log_batch(run_id, metrics=metrics, tags=where)
         self.epochs_logged += 1
 
@@ -568,7 +377,7 @@ class MlflowTrialCallback(Callback):
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self._run(trial.trial_id)
         if run_id is not None:  # tune.retries is set when the trial ends, as a final count that never goes stale
-            self.buffer.set_tags(run_id, {"tune.status": "retrying"})
+            self.buffer.set_tags(run_id, {STATUS_TAG: "retrying"})
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         run_id = self._run(trial.trial_id)
@@ -588,7 +397,7 @@ class MlflowTrialCallback(Callback):
         run_id = self._run(trial.trial_id)
         if run_id is None:
             return
-        tags = {"tune.status": label, "tune.last_epoch": str(self.last_epoch.get(trial.trial_id, 0))}
+        tags = {STATUS_TAG: label, LAST_EPOCH_TAG: str(self.last_epoch.get(trial.trial_id, 0))}
         retries = trial.num_failures - (status == "FAILED")  # a failed trial's last failure was not retried
         if retries:
             tags["tune.retries"] = str(retries)
@@ -613,10 +422,19 @@ class MlflowTrialCallback(Callback):
         try:
             with checkpoint.as_directory() as local:  # a download when the storage is a bucket
                 if not checkpoint_loads(Path(local)):  # a truncated file must not become the run's checkpoint
-                    log.warning("MLflow: not uploading the checkpoint of trial %s: %s/%s does not load",
-                                trial.trial_id, checkpoint.path, CHECKPOINT_FILE)  # fmt: skip
+                    log.warning(
+                        "MLflow: not uploading the checkpoint of trial %s: %s/%s does not load",
+                        trial.trial_id,
+                        checkpoint.path,
+                        CHECKPOINT_FILE,
+                    )
                     return
-                self.buffer.upload_checkpoint(run_id, self.location_of(checkpoint.path), self.location_of(trial.path),
-                                              self.dataset, local=Path(local))  # fmt: skip
+                self.buffer.upload_checkpoint(
+                    run_id,
+                    self.location_of(checkpoint.path),
+                    self.location_of(trial.path),
+                    self.dataset,
+                    local=Path(local),
+                )
         except (OSError, MlflowException) as err:  # the run's metrics are still worth keeping
             log.warning("MLflow: could not log the checkpoint or model of trial %s: %s", trial.trial_id, err)

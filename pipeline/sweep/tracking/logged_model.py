@@ -25,11 +25,10 @@ from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import DataConfig
+from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, MODEL_URI_TAG
 from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
 
 MODEL_NAME = "model"
-CHECKPOINT_TAG = "tune.checkpoint"  # on the trial's run: the checkpoint folder uploaded as its artifact
-MODEL_URI_TAG = "model_uri"  # on the trial's run: ``models:/<model id>`` of its final model (the registry's source)
 EXAMPLE_BATCH = 2  # images in the input example (normalised); not 1, so the signature keeps the batch size free
 
 
@@ -86,17 +85,27 @@ def log_trial_model(tracking_uri: str, run_id: str, checkpoint_dir: Path, datase
             if dataset is not None:
                 log_dataset(dataset)
             info = mlflow.pytorch.log_model(
-                model, name=MODEL_NAME, signature=signature, input_example=example.numpy(),
-                serialization_format="pickle", pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                model,
+                name=MODEL_NAME,
+                signature=signature,
+                input_example=example.numpy(),
+                serialization_format="pickle",
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
                 step=int(payload.get("epoch", 0)),
-            )  # fmt: skip
+            )
     finally:
         pytorch_log.setLevel(level)
     return info.model_uri
 
 
-def log_checkpoint(client: MlflowClient, tracking_uri: str, run_id: str, checkpoint_dir: Path,
-                   dataset: PreparedDataset | None, location: str | None = None) -> None:  # fmt: skip
+def log_checkpoint(
+    client: MlflowClient,
+    tracking_uri: str,
+    run_id: str,
+    checkpoint_dir: Path,
+    dataset: PreparedDataset | None,
+    location: str | None = None,
+) -> None:
     """A trial's checkpoint folder (``checkpoint.pt``, ``head_history.json``) as artifact ``checkpoint/`` of run
     ``run_id``, and its final model: tags ``tune.checkpoint`` (the folder, or ``location``: where it is kept when
     ``checkpoint_dir`` is a downloaded copy) and ``model_uri``."""

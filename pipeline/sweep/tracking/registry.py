@@ -1,4 +1,4 @@
-"""What a finished sweep says in MLflow: the parent run's description and summary metrics, and the registered models.
+"""What a finished run says in MLflow: the parent run's description and summary metrics, and the registered models.
 
 Without these the runs table shows a parent row ``tune-<hash>`` with no metric until it is expanded. The parent gets
 a description (``mlflow.note.content``, shown as Markdown on the run page: what was swept, on which data, how to
@@ -12,22 +12,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from mlflow.entities import Metric, RunTag
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from pipeline.config import Params
-from pipeline.sweep.logged_model import MODEL_URI_TAG, using_tracking_uri
 from pipeline.sweep.manifest import COMPLETED, TrialRecord
-
-if TYPE_CHECKING:
-    from pipeline.sweep.run import SweepOutcome
+from pipeline.sweep.tracking.logged_model import using_tracking_uri
+from pipeline.sweep.tracking.store import mlflow_client
+from pipeline.sweep.tracking.tags import MODEL_URI_TAG, NOTE_TAG
 
 log = logging.getLogger(__name__)
-
-NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 
 
 @dataclass(frozen=True)
@@ -40,10 +34,12 @@ class SweepSummary:
     accuracy: dict[str, dict[str, float]]  # variant -> test_acc, test_acc_std, test_acc_n (seeds)
 
 
-def describe(summary: SweepSummary, registered: dict[str, str]) -> str:
+def summary_note(summary: SweepSummary, registered: dict[str, str]) -> str:
     """The parent run's Markdown description."""
-    rows = [f"| {variant} | {acc['test_acc']:.4f} | {acc['test_acc_std']:.4f} | {int(acc['test_acc_n'])} |"
-            for variant, acc in sorted(summary.accuracy.items(), key=lambda item: -item[1]["test_acc"])]  # fmt: skip
+    rows = [
+        f"| {variant} | {acc['test_acc']:.4f} | {acc['test_acc_std']:.4f} | {int(acc['test_acc_n'])} |"
+        for variant, acc in sorted(summary.accuracy.items(), key=lambda item: -item[1]["test_acc"])
+    ]
     lines = [
         f"**{summary.title}**, {summary.epochs} epochs each, on {summary.data}.",
         "",
@@ -80,7 +76,7 @@ def register_best_models(
     """Register the final model of each variant's best trial as ``<experiment>.<variant><suffix>`` (a new version
     unless this run's model is already one); return variant -> registered name. Trials whose model was not logged
     are skipped. The prune stage registers its fine-tuned models with ``suffix="_pruned"``."""
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     with using_tracking_uri(tracking_uri):  # the registry resolves a version's ``models:/`` source through it
         return _register(client, experiment, trials, suffix)
 
@@ -98,9 +94,12 @@ def _register(client: MlflowClient, experiment: str, trials: list[TrialRecord], 
         versions = client.search_model_versions(f"name = '{name}' and run_id = '{trial.run_id}'")
         if not any(version.source == model_uri for version in versions):
             version = client.create_model_version(
-                name, source=model_uri, run_id=trial.run_id, model_id=model_uri.removeprefix("models:/"),
+                name,
+                source=model_uri,
+                run_id=trial.run_id,
+                model_id=model_uri.removeprefix("models:/"),
                 description=f"{trial.run_name}: final test_acc {trial.metrics['test_acc']:.4f}",
-            )  # fmt: skip
+            )
             log.debug("MLflow: registered %s version %s (run %s)", name, version.version, trial.run_id)
         registered[variant] = name
     log.info("MLflow: best model of each variant in the registry: %s", ", ".join(registered.values()) or "none")
@@ -109,25 +108,9 @@ def _register(client: MlflowClient, experiment: str, trials: list[TrialRecord], 
 
 def publish_summary(tracking_uri: str, parent_run_id: str, summary: SweepSummary, trials: list[TrialRecord]) -> None:
     """Register the best models, then give the parent run its summary metrics and description."""
-    client = MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     experiment = client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
     registered = register_best_models(tracking_uri, experiment, trials)
     now = int(time.time() * 1000)
     metrics = [Metric(f"test_acc.{variant}", acc["test_acc"], now, 0) for variant, acc in summary.accuracy.items()]
-    client.log_batch(parent_run_id, metrics=metrics, tags=[RunTag(NOTE_TAG, describe(summary, registered))])
-
-
-def publish_sweep(params: Params, data_hash: str, outcome: SweepOutcome) -> None:
-    """The tune stage's summary on its parent run, once the sweep has finished; a tracking error only warns (the
-    trials' runs and the manifest are what later stages need)."""
-    data = params.data
-    seeds = len(params.sweep.seeds)
-    summary = SweepSummary(
-        f"Sweep of {len(params.sweep.variants)} variants x {seeds} seed{'s' if seeds > 1 else ''}",
-        f"{data.dataset} {data.image_size}x{data.image_size} (prepared data sha256 {data_hash[:12]})",
-        params.train.epochs, outcome.manifest().metrics_summary(),
-    )  # fmt: skip
-    try:
-        publish_summary(outcome.sweep.tracking_uri, outcome.sweep.parent_run_id, summary, outcome.trials)
-    except MlflowException as err:
-        log.warning("MLflow: could not write the sweep's summary or register its models: %s", err)
+    client.log_batch(parent_run_id, metrics=metrics, tags=[RunTag(NOTE_TAG, summary_note(summary, registered))])

@@ -13,24 +13,37 @@ import mlflow.artifacts
 import pytest
 from mlflow.tracking import MlflowClient
 
+from pipeline.config import TrackingConfig
 from pipeline.prune.manifest import PrunedModel, PruneManifest, read_prune_manifest, write_prune_manifest
-from pipeline.sweep import tracking
 from pipeline.sweep.location import ARTIFACT_COLUMNS, store_root
 from pipeline.sweep.manifest import TrialRecord, TuneManifest, read_tune_manifest, write_tune_manifest
 from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.tracking.parent import ParentRun, open_parent_run
+from pipeline.sweep.tracking.store import tracking_uri
 
 
-def _open(root: Path, *, default_store: bool = True) -> tracking.SweepRun:
-    uri = tracking.tracking_uri(tracking.TrackingConfig(), root)
-    return tracking.open_sweep_run(uri, "copied", StoragePath(root / "results/ray/tune-x"), run_name="tune-x",
-                                   tags={}, params={}, project_root=root, default_store=default_store)  # fmt: skip
+def _open(root: Path, *, default_store: bool = True) -> ParentRun:
+    uri = tracking_uri(TrackingConfig(), root)
+    return open_parent_run(
+        uri,
+        "copied",
+        StoragePath(root / "results/ray/tune-x"),
+        run_name="tune-x",
+        tags={},
+        params={},
+        project_root=root,
+        default_store=default_store,
+    )
 
 
 def _locations(root: Path) -> list[str]:
     """Every artifact location in the project's store (experiment ``Default`` aside: MLflow's own, never used)."""
     with sqlite3.connect(root / "mlflow.db") as db:
-        found = [row[0] for table, column in ARTIFACT_COLUMNS
-                 for row in db.execute(f"SELECT {column} FROM {table} WHERE {column} LIKE 'file:%'")]  # fmt: skip
+        found = [
+            row[0]
+            for table, column in ARTIFACT_COLUMNS
+            for row in db.execute(f"SELECT {column} FROM {table} WHERE {column} LIKE 'file:%'")
+        ]
     return [location for location in found if "/mlartifacts" in location]
 
 
@@ -39,7 +52,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def original(tmp_path: Path) -> tuple[Path, tracking.SweepRun, str]:
+def original(tmp_path: Path) -> tuple[Path, ParentRun, str]:
     """A project whose default store holds a run with an artifact, a logged model and a registered model version."""
     root = tmp_path / "proj"
     sweep = _open(root)
@@ -102,19 +115,51 @@ def test_manifests_hold_no_absolute_project_path(tmp_path: Path) -> None:
     root, clone, shared = tmp_path / "proj", tmp_path / "clone", tmp_path / "shared/ray"
     ray = root / "results/ray/tune-x"
     trials = [
-        TrialRecord("t0", "r0", "a-seed0", "a", 0, "finished", 2, {"test_acc": 0.5}, str(ray / "t0/checkpoint_000001"),
-                    str(ray / "t0/checkpoint_000001/head_history.json")),
+        TrialRecord(
+            "t0",
+            "r0",
+            "a-seed0",
+            "a",
+            0,
+            "finished",
+            2,
+            {"test_acc": 0.5},
+            str(ray / "t0/checkpoint_000001"),
+            str(ray / "t0/checkpoint_000001/head_history.json"),
+        ),
         TrialRecord("t1", "r1", "b-seed0", "b", 0, "finished", 2, {}, str(shared / "t1/checkpoint_000001"), None),
-    ]  # fmt: skip
+    ]
     uri = f"sqlite:///{root / 'mlflow.db'}"
     tune_manifest = TuneManifest("x", "tune-x", str(ray), "test_acc", "max", uri, "1", "p", trials)
     write_tune_manifest(root / "results/tune/manifest.json", tune_manifest, root)
     prune_dir = root / "results/ray/prune-y"
-    pruned = PrunedModel("r0", "t0", "a", 0, "f0", "a-pruned", "finished", 1, [1], [8], 2, 1, {}, {}, 0.5, 0.2, 0.4,
-                         str(prune_dir / "pruned/a"), str(prune_dir / "f0/c1"), [])  # fmt: skip
-    write_prune_manifest(root / "results/prune/manifest.json",
-                         PruneManifest("prune-y", str(root / "results/ray/prune-y"), "tune-x", uri, "1", "q", {},
-                                       [pruned]), root)  # fmt: skip
+    pruned = PrunedModel(
+        "r0",
+        "t0",
+        "a",
+        0,
+        "f0",
+        "a-pruned",
+        "finished",
+        1,
+        [1],
+        [8],
+        2,
+        1,
+        {},
+        {},
+        0.5,
+        0.2,
+        0.4,
+        str(prune_dir / "pruned/a"),
+        str(prune_dir / "f0/c1"),
+        [],
+    )
+    write_prune_manifest(
+        root / "results/prune/manifest.json",
+        PruneManifest("prune-y", str(root / "results/ray/prune-y"), "tune-x", uri, "1", "q", {}, [pruned]),
+        root,
+    )
     for stage in ("tune", "prune"):
         raw = json.loads((root / f"results/{stage}/manifest.json").read_text())
         assert not [s for s in _strings(raw) if str(root) in s], stage

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from pipeline.config import load_params, parse_params
-from pipeline.sweep.plan import preflight
+from pipeline.sweep.preflight import preflight
 from stages import tune as tune_stage
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -33,7 +33,7 @@ def _params(**sweep_and_tracking):
 @pytest.fixture(autouse=True)
 def no_ray_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a stage's own process; the integration tests' session Ray would otherwise be the one judged."""
-    monkeypatch.setattr("pipeline.sweep.plan.ray.is_initialized", lambda: False)
+    monkeypatch.setattr("pipeline.sweep.preflight.ray.is_initialized", lambda: False)
 
 
 def _closed_port() -> int:
@@ -99,7 +99,7 @@ def test_the_dry_run_reports_the_problem_and_exits_2(tmp_path: Path, monkeypatch
 
 def test_the_dry_run_says_when_the_prepared_data_is_not_what_params_ask_for(tmp_path: Path) -> None:
     """The paper's params over the smoke profile's digits: the dry run says the data is stale (and what fixes it)."""
-    from pipeline.sweep.plan import stale_data
+    from pipeline.sweep.dry_run import stale_data
 
     prepared = tmp_path / "data/prepared"
     prepared.mkdir(parents=True)

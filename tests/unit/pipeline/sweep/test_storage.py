@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import parse_params
-from pipeline.sweep.plan import format_plan, preflight, storage_dir
+from pipeline.sweep.dry_run import dry_run_text
+from pipeline.sweep.preflight import preflight
 from pipeline.sweep.reuse import newest_checkpoint
-from pipeline.sweep.storage import DRIVER_DIR, StoragePath, check_storage, driver_dir
-from pipeline.sweep.tracking_buffer import newest_loading_checkpoint
+from pipeline.sweep.storage import DRIVER_DIR, StoragePath, check_storage, driver_dir, storage_dir
+from pipeline.sweep.tracking.buffer import newest_loading_checkpoint
 
 
 @pytest.fixture(params=["folder", "bucket"])
@@ -76,7 +77,8 @@ def test_files_folders_and_copies(where: StoragePath, tmp_path: Path) -> None:
     assert (trial / "checkpoint_000002" / "checkpoint.pt").is_file()
     with (trial / "checkpoint_000002").as_local() as local:
         assert (local / "checkpoint.pt").read_bytes() == (
-            tmp_path / "local-trial/checkpoint_000002/checkpoint.pt").read_bytes()  # fmt: skip
+            tmp_path / "local-trial/checkpoint_000002/checkpoint.pt"
+        ).read_bytes()
     copy = (trial / "checkpoint_000001").download(tmp_path / "copy")
     assert (copy / "checkpoint.pt").is_file()
     marker.delete()
@@ -112,7 +114,7 @@ def test_the_preflight_proves_a_bucket_before_any_run(bucket, tmp_path: Path) ->
     # the dry run prints its plan before the preflight's message: it says it cannot read the bucket, no traceback
     (tmp_path / "data/prepared").mkdir(parents=True)
     (tmp_path / "data/prepared/manifest.json").write_text('{"content_sha256": "ab" }')
-    assert "(unknown: cannot read it (" in format_plan(refused, tmp_path)
+    assert "(unknown: cannot read it (" in dry_run_text(refused, tmp_path)
 
 
 def test_writes_left_buffered_travel_through_the_bucket(bucket, tmp_path: Path, monkeypatch) -> None:
@@ -123,7 +125,7 @@ def test_writes_left_buffered_travel_through_the_bucket(bucket, tmp_path: Path, 
 
     from mlflow.entities import Metric
 
-    from pipeline.sweep.tracking_buffer import BUFFER_FILE, TrackingBuffer, flush_buffers, park_buffer
+    from pipeline.sweep.tracking.buffer import BUFFER_FILE, TrackingBuffer, flush_buffers, park_buffer
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     with socket.socket() as probe:  # nothing listens there: the server is down

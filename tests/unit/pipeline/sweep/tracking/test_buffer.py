@@ -12,8 +12,8 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from pipeline.sweep.tracking import CountingClient
-from pipeline.sweep.tracking_buffer import TrackingBuffer, is_outage
+from pipeline.sweep.tracking.buffer import TrackingBuffer
+from pipeline.sweep.tracking.store import CountingClient, is_outage
 
 
 @pytest.fixture
@@ -83,8 +83,15 @@ def test_a_replayed_write_that_may_have_arrived_logs_no_epoch_twice(tmp_path: Pa
     run_id = client.create_run(client.create_experiment("replay")).info.run_id
     client.log_batch(run_id, metrics=[Metric("test_acc", 0.25, 0, 1)])
     path = tmp_path / "mlflow_buffer.jsonl"
-    sent = {"op": "log_batch", "run_id": run_id, "metrics": [["test_acc", 0.25, 0, 1], ["test_acc", 0.5, 0, 2]],
-            "params": [], "tags": [], "uri": uri, "attempted": True}  # fmt: skip
+    sent = {
+        "op": "log_batch",
+        "run_id": run_id,
+        "metrics": [["test_acc", 0.25, 0, 1], ["test_acc", 0.5, 0, 2]],
+        "params": [],
+        "tags": [],
+        "uri": uri,
+        "attempted": True,
+    }
     ended = {"op": "set_terminated", "run_id": run_id, "status": "FINISHED", "uri": uri}
     path.write_text(f"{json.dumps(sent)}\n{json.dumps(ended)}\n")
     assert TrackingBuffer(path, uri).flush(force=True)

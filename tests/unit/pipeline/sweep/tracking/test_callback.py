@@ -1,4 +1,5 @@
-"""How a trial ended, read back from its MLflow run (a real sqlite store), is the label its callback set."""
+"""The driver-side callback on a real sqlite store: how a trial ended (read back from its run, the label the callback
+set), epochs logged once across restores and later sweeps, checkpoints uploaded only when they load, retries, nodes."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from pipeline.sweep import tracking
-from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.manifest import INTERRUPTED
+from pipeline.sweep.tracking.callback import EPOCH_METRICS, MlflowTrialCallback, TrialInfo, trial_outcome
+from pipeline.sweep.tracking.parent import ParentRun
+from pipeline.sweep.tracking.store import ensure_experiment
+from pipeline.sweep.tracking.tags import NODES_TAG
 from pipeline.trial.report import WHERE_KEY
 
 
@@ -17,7 +21,7 @@ from pipeline.trial.report import WHERE_KEY
 def client(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str]:
     store = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
     mlflow = MlflowClient(f"sqlite:///{store}")
-    return mlflow, tracking.ensure_experiment(mlflow, "outcomes", Path(store.parent, "artifacts").as_uri())
+    return mlflow, ensure_experiment(mlflow, "outcomes", Path(store.parent, "artifacts").as_uri())
 
 
 @pytest.mark.parametrize(
@@ -37,11 +41,11 @@ def test_trial_outcome_is_the_callbacks_label(client, run_status: str, label: st
     run = mlflow.create_run(experiment_id, tags={"tune.status": label} if label else {})
     if run_status != "RUNNING":
         mlflow.set_terminated(run.info.run_id, status=run_status)
-    assert tracking.trial_outcome(mlflow.get_run(run.info.run_id)) == outcome
+    assert trial_outcome(mlflow.get_run(run.info.run_id)) == outcome
 
 
 def test_a_trial_without_a_run_was_interrupted() -> None:
-    assert tracking.trial_outcome(None) == tracking.INTERRUPTED
+    assert trial_outcome(None) == INTERRUPTED
 
 
 class _Trial:
@@ -55,12 +59,12 @@ class _Trial:
         return f"trial_{self.trial_id}"
 
 
-def _describe(config: dict) -> tracking.TrialInfo:
-    return tracking.TrialInfo(f"{config['variant']}-run", {"variant": config["variant"]}, {})
+def _describe(config: dict) -> TrialInfo:
+    return TrialInfo(f"{config['variant']}-run", {"variant": config["variant"]}, {})
 
 
-def _report(callback: tracking.MlflowTrialCallback, trial: _Trial, epoch: int) -> None:
-    result = {key: 0.5 for key in tracking.EPOCH_METRICS} | {"epoch": epoch}
+def _report(callback: MlflowTrialCallback, trial: _Trial, epoch: int) -> None:
+    result = {key: 0.5 for key in EPOCH_METRICS} | {"epoch": epoch}
     callback.on_trial_result(iteration=epoch, trials=[trial], trial=trial, result=result)
 
 
@@ -69,15 +73,15 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
     trained again after the restore is already in the run and must not be logged a second time."""
     mlflow, experiment_id = client
     parent = mlflow.create_run(experiment_id).info.run_id
-    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, parent)
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, parent)
     trial = _Trial("t1")
-    first = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    first = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
     first.on_trial_start(iteration=0, trials=[trial], trial=trial)
     for epoch in (1, 2):
         _report(first, trial, epoch)
     snapshot = {"runs": dict(first.runs), "last_epoch": {"t1": 1}}  # Tune saved its state after epoch 1 only
 
-    restored = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    restored = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
     restored.set_state(snapshot)
     restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
     for epoch in (2, 3, 4):  # the trial resumes from epoch 1's checkpoint
@@ -94,9 +98,9 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
     """The first sweep stopped after the trial saved epoch 3 but before the driver logged it: the later sweep resumes
     from that checkpoint (epoch 4 on) and logs epoch 3 from the checkpoint's own history, so no epoch is missing."""
     mlflow, experiment_id = client
-    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
     first_trial = _Trial("old")
-    first = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    first = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
     first.on_trial_start(iteration=0, trials=[first_trial], trial=first_trial)
     for epoch in (1, 2):
         _report(first, first_trial, epoch)
@@ -105,7 +109,7 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
     (tmp_path / "checkpoint_000002").mkdir()
     torch.save({"epoch": 3, "metrics_history": history}, tmp_path / "checkpoint_000002" / "checkpoint.pt")
 
-    later = tracking.MlflowTrialCallback(tracking.SweepRun(mlflow.tracking_uri, experiment_id, "p2"), _describe, {}, 4)
+    later = MlflowTrialCallback(ParentRun(mlflow.tracking_uri, experiment_id, "p2"), _describe, {}, 4)
     resumed = _Trial("new")
     resumed.config = {"variant": "x", "resume_run": run_id, "resume_from": str(tmp_path / "checkpoint_000002")}
     later.on_trial_start(iteration=0, trials=[resumed], trial=resumed)
@@ -125,7 +129,7 @@ def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, trunca
     from ray import tune
 
     mlflow, experiment_id = client
-    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
     from pipeline.config import ModelConfig
     from pipeline.models import build_model
     from pipeline.trial.checkpoint import save_model_checkpoint
@@ -138,7 +142,7 @@ def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, trunca
         (directory / "checkpoint.pt").write_bytes((directory / "checkpoint.pt").read_bytes()[:100])
     trial = _Trial("t-upload")
     trial.checkpoint = tune.Checkpoint.from_directory(str(directory))
-    callback = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=1)
+    callback = MlflowTrialCallback(sweep, _describe, {}, epochs=1)
     callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
     _report(callback, trial, 1)
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
@@ -153,8 +157,8 @@ def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, trunca
 def test_retries_are_a_final_count_not_a_stale_tag(client) -> None:
     """A retried trial is tagged ``retrying`` meanwhile; the count is written once, when Tune ends the trial."""
     mlflow, experiment_id = client
-    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
-    callback = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=2)
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    callback = MlflowTrialCallback(sweep, _describe, {}, epochs=2)
     finished, failed = _Trial("t-retried"), _Trial("t-failed")
     for trial in (finished, failed):
         callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
@@ -173,45 +177,25 @@ def test_retries_are_a_final_count_not_a_stale_tag(client) -> None:
     assert "tune.failure_reason" not in ended.data.tags  # an ordinary error: no reason recorded, retried as usual
 
 
-def test_a_moved_project_continues_its_sweep_run(tmp_path: Path) -> None:
-    """The parent run is found again after ``mv project elsewhere`` (its sqlite store inside the project moves too);
-    a different store never reuses it."""
-    import shutil
-
-    first = tmp_path / "project"
-
-    def open_in(root: Path, uri: str | None = None) -> tracking.SweepRun:
-        uri = uri or f"sqlite:///{root / 'mlflow.db'}"
-        return tracking.open_sweep_run(uri, "moved", StoragePath(root / "results/ray/tune-x"), run_name="tune-x",
-                                       tags={}, params={}, project_root=root)  # fmt: skip
-
-    sweep = open_in(first)
-    moved = shutil.move(first, tmp_path / "moved")
-    again = open_in(Path(moved))
-    assert again.parent_run_id == sweep.parent_run_id and again.tracking_uri.endswith("/moved/mlflow.db")
-    other = open_in(Path(moved), f"sqlite:///{tmp_path / 'other.db'}")
-    assert other.parent_run_id != sweep.parent_run_id
-
-
 def test_every_node_a_trial_ran_on_is_recorded_across_a_restore(client) -> None:
     """A retried trial can move to another node, a restored sweep continues the run: ``ray.node_ids`` lists every
     node in order, once each; ``ray.node_id`` is the last."""
     mlflow, experiment_id = client
-    sweep = tracking.SweepRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
     trial = _Trial("t2")
 
-    def report(callback: tracking.MlflowTrialCallback, epoch: int, node: str) -> None:
-        result = {key: 0.5 for key in tracking.EPOCH_METRICS} | {"epoch": epoch, WHERE_KEY: {"ray.node_id": node}}
+    def report(callback: MlflowTrialCallback, epoch: int, node: str) -> None:
+        result = {key: 0.5 for key in EPOCH_METRICS} | {"epoch": epoch, WHERE_KEY: {"ray.node_id": node}}
         callback.on_trial_result(iteration=epoch, trials=[trial], trial=trial, result=result)
 
-    first = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    first = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
     first.on_trial_start(iteration=0, trials=[trial], trial=trial)
     report(first, 1, "node-a")
     report(first, 2, "node-b")  # retried on another node
-    restored = tracking.MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    restored = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
     restored.set_state({"runs": dict(first.runs), "last_epoch": {"t2": 2}})
     restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
     report(restored, 3, "node-a")  # back on the first node after the restore
     report(restored, 4, "node-c")
     tags = mlflow.get_run(first.runs["t2"]).data.tags
-    assert tags[tracking.NODES_TAG] == "node-a,node-b,node-c" and tags["ray.node_id"] == "node-c"
+    assert tags[NODES_TAG] == "node-a,node-b,node-c" and tags["ray.node_id"] == "node-c"

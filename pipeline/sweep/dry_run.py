@@ -1,0 +1,113 @@
+"""What ``python -m stages.tune --dry-run`` prints: per trial what the sweep would do, and where it would run.
+
+Read without creating anything (no store, no experiment, no Ray): the decisions come from the interrupted sweep's own
+record when it would be restored, else from a look-up in the tracking store, as the sweep itself makes them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+
+from pipeline.config import Params
+from pipeline.io import check_tracking_server
+from pipeline.sweep.grid import sweep_decisions, trial_grid
+from pipeline.sweep.identity import experiment_name, prepared_data_hash
+from pipeline.sweep.manifest import METRIC, MODE
+from pipeline.sweep.reuse import REUSE, TrialDecision, read_decisions
+from pipeline.sweep.session import ray_address
+from pipeline.sweep.storage import storage_dir
+from pipeline.sweep.tracking.parent import parent_finished
+from pipeline.sweep.tracking.store import active_experiment_id, tracking_uri
+from pipeline.sweep.tuner import restorable
+
+
+def dry_run_decisions(
+    params: Params, project_root: Path, data_hash: str | None
+) -> tuple[list[TrialDecision] | None, str]:
+    """What the sweep would do with each trial (reuse / resume / train) and the sweep's state: an interrupted sweep's
+    own decisions (a restore continues them), else a look-up in the tracking store (None when it cannot answer). A
+    finished sweep is looked up too: each of its trials has a finished run that a re-run would reuse."""
+    path = storage_dir(params, project_root) / experiment_name(params, data_hash or "missing")
+    uri = tracking_uri(params.tracking, project_root)
+    if data_hash is None:
+        return None, "new"
+    try:
+        restore = restorable(path)
+    except OSError as err:  # a bucket that does not answer: the preflight after the plan says so, naming the key
+        return None, f"unknown: cannot read it ({str(err).splitlines()[0][:200]})"
+    state = "new"
+    if restore:
+        if not parent_finished(path, uri):
+            return read_decisions(path), "interrupted: would restore it"
+        state = "finished: nothing to train (`dvc repro --force` restores it and trains nothing)"
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return None, state  # no store yet, so no earlier runs (and a dry run creates none)
+    try:
+        check_tracking_server(uri, "tracking.uri")
+        experiment_id = active_experiment_id(uri, params.tracking.experiment)
+    except (ValueError, MlflowException) as err:
+        return None, f"{state} (cannot look up earlier runs: {err})"
+    return sweep_decisions(params, data_hash, uri, experiment_id), state
+
+
+def stale_data(params: Params, project_root: Path) -> list[str]:
+    """How the prepared data on disk differs from what ``params.data`` asks for (empty when it matches or is missing):
+    a dry run must not present, say, the digits prepared for the smoke profile as the paper's CIFAR-10."""
+    path = project_root / params.data.prepared_dir / "manifest.json"
+    if not path.is_file():
+        return []
+    prepared = json.loads(path.read_text())
+    shape = prepared.get("image_shape") or [None, None, None]
+    found = {
+        "data.dataset": prepared.get("dataset"),
+        "data.image_size": shape[-1],
+        "data.test_fraction": prepared.get("test_fraction"),
+    }
+    wanted = {
+        "data.dataset": params.data.dataset,
+        "data.image_size": params.data.image_size,
+        "data.test_fraction": params.data.test_fraction,
+    }
+    return [
+        f"{key} is {wanted[key]!r} but the prepared data has {found[key]!r}"
+        for key in wanted
+        if found[key] is not None and found[key] != wanted[key]
+    ]
+
+
+def dry_run_text(params: Params, project_root: Path) -> str:
+    """The dry run, human-readable: per trial what would happen (reuse a run, resume it, train), resources, and where
+    it would run and be recorded."""
+    data = project_root / params.data.prepared_dir
+    data_hash = prepared_data_hash(params, project_root)
+    path = storage_dir(params, project_root) / experiment_name(params, data_hash or "missing")
+    address = ray_address(params.sweep)
+    decisions, state = dry_run_decisions(params, project_root, data_hash)
+    action = {(d.variant, d.seed): d.words() for d in decisions or []}
+    grid = trial_grid(params)
+    lines = [f"{'variant':<20} {'seed':>4} {'cpu':>5} {'gpu':>5}  plan"]
+    for t in grid:
+        what = action.get((t["variant"], t["seed"]), "train")
+        lines.append(f"{t['variant']:<20} {t['seed']:>4} {t['cpu']:>5g} {t['gpu']:>5g}  {what}")
+    asha = params.sweep.asha
+    scheduler = f"ASHA (grace {asha.grace_period}, reduction {asha.reduction_factor})" if asha.enabled else "none"
+    to_train = sum(d.action != REUSE for d in decisions) if decisions is not None else len(grid)
+    lines += [
+        "",
+        f"trials: {len(grid)} ({to_train} to train or resume), {params.train.epochs} epochs each, "
+        f"at most {params.sweep.max_concurrent_trials} at a time, {params.sweep.max_failures} retries each",
+        f"scheduler: {scheduler}, on {METRIC} ({MODE})",
+        f"ray: {'attach to the cluster at ' + address if address else 'start a local Ray on this machine'}",
+        f"ray results: {path} ({state})",
+        f"mlflow: {tracking_uri(params.tracking, project_root)}, experiment {params.tracking.experiment!r}",
+        f"data: {data} ({'content ' + data_hash[:12] if data_hash else 'MISSING: run the prepare stage'})",
+    ]
+    if stale := stale_data(params, project_root):
+        lines.append(
+            f"data is STALE: {'; '.join(stale)}; `dvc repro` re-prepares it before the sweep (the plan above "
+            "is for the data on disk)"
+        )
+    return "\n".join(lines)

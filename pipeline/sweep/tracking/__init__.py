@@ -1,0 +1,14 @@
+"""MLflow behind one seam: every module of the driver that talks to an MLflow store is in this package.
+
+- ``store``         the one client factory (``mlflow_client``), the store created once, the look-ups (runs by trial
+                    identity, a parent's children), an outage told from a refusal
+- ``tags``          what a run holds: the tag names the driver writes and reads back, params flattened
+- ``parent``        the parent run of a sweep or a prune run, opened once and found again on restore
+- ``callback``      the Tune callback that writes each trial's run (and which report keys it charts per epoch)
+- ``buffer``        writes kept on disk through a tracking-server outage, replayed when it answers
+- ``logged_model``  a trial's final model and dataset as MLflow logs them
+- ``registry``      what a finished run publishes: the parent's description and summary, the registered models
+
+The custom callback stays: Ray's ``MLflowLoggerCallback`` loses its trial -> run map on restore, logs at Tune's
+iteration instead of the trial's epoch, and has no parent run.
+"""

@@ -1,0 +1,169 @@
+"""The MLflow store: every client built in one place, a fresh store created once, and the look-ups the driver makes.
+
+- ``mlflow_client(uri)`` is the only place the driver builds an ``MlflowClient``: what every request shares (a
+  retry budget, counting requests as ``CountingClient`` does for the benchmark) has one place to go.
+- A fresh sqlite store is created (its schema migrated) by one process at a time (``prepare_store``): two processes
+  migrating at once (two projects sharing one store) crash.
+- The searches the driver makes before and after a run (runs by trial identity, a parent's children) are here, so the
+  requests a plan costs are counted in one module.
+- ``is_outage`` tells a server that cannot be reached from a request it refused; ``server_answers`` probes one in
+  seconds (the client's own retries take minutes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import requests
+from filelock import FileLock
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from pipeline.config import TrackingConfig
+from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root, default_store_uri
+from pipeline.sweep.tracking.tags import KEY_TAG, PARENT_TAG, TRIAL_ID_TAG
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 2.0
+OUTAGE_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.RetryError)
+
+
+def mlflow_client(uri: str) -> MlflowClient:
+    """The driver's MLflow client for the store at ``uri``."""
+    return MlflowClient(uri)
+
+
+class CountingClient:
+    """An ``MlflowClient`` that counts the requests made through it, so the logging cost per epoch is measured."""
+
+    def __init__(self, client: MlflowClient) -> None:
+        self._client = client
+        self.calls: Counter = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+        if not callable(method):
+            return method
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
+    """``tracking.uri`` or an sqlite store at an absolute ``<project>/mlflow.db`` (never ``./mlruns``)."""
+    return cfg.uri or default_store_uri(project_root)
+
+
+def prepare_store(uri: str, artifacts: Path | None = None) -> None:
+    """Create (migrate) a local sqlite store in one process at a time. MLflow builds a fresh database's schema on first
+    use; two processes doing it at once (two projects sharing one store) crash in the migration. The second waits on
+    a lock file beside the database (``filelock``: an OS lock, released when the process ends however it ends), then
+    finds the schema complete. Other stores need nothing.
+
+    ``artifacts``: the default project-local store's artifact folder; locations in the store that name another
+    project's (a copied or moved project) are pointed at it (``location.adopt_artifact_root``)."""
+    if not uri.startswith("sqlite:///"):
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{database}.lock", fallback_to_soft=False):
+        mlflow_client(uri).search_experiments(max_results=1)  # the first use creates and migrates the schema
+        if artifacts is not None:
+            adopt_artifact_root(database, artifacts)
+
+
+def artifact_root(uri: str, project_root: Path) -> str | None:
+    """Artifact location for a new experiment: ``<project>/mlartifacts`` next to a local sqlite store.
+
+    Without it MLflow would use ``<cwd at creation>/mlruns``; a server (http) decides for itself (proxied artifacts).
+    """
+    return (project_root / ARTIFACTS_DIR).resolve().as_uri() if uri.startswith("sqlite:") else None
+
+
+def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> str:
+    """The experiment's id, created once here in the driver (a cold store must not be migrated by many writers)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, artifact_location=location)
+        except MlflowException:  # created by someone else meanwhile
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    return experiment.experiment_id
+
+
+def active_experiment_id(uri: str, name: str) -> str | None:
+    """The id of the active experiment ``name``, None when there is none (a look-up: nothing is created)."""
+    experiment = mlflow_client(uri).get_experiment_by_name(name)
+    return experiment.experiment_id if experiment and experiment.lifecycle_stage == "active" else None
+
+
+def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> None:
+    """Every run a manifest names must still be in the tracking store (runs deleted or a different store: refuse)."""
+    client = mlflow_client(uri)
+    for run_id in run_ids:
+        try:
+            deleted = client.get_run(str(run_id)).info.lifecycle_stage == "deleted"
+        except MlflowException:
+            deleted = True
+        if deleted:
+            raise ValueError(f"{manifest}: run {run_id} is not in the MLflow store at {uri} (deleted?)")
+
+
+def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> dict[str, list[Run]]:
+    """The active runs of the experiment tagged with each trial key, newest first (deleted runs are not found)."""
+    found: dict[str, list[Run]] = {}
+    for key in sorted(set(keys)):
+        query = f"tags.`{KEY_TAG}` = '{key}'"
+        found[key] = list(client.search_runs([experiment_id], query, max_results=100, order_by=["start_time DESC"]))
+    return found
+
+
+def child_runs(uri: str, experiment_id: str, parent_run_id: str) -> dict[str, Run]:
+    """The child runs of ``parent_run_id`` keyed by their Ray trial id (their run id when they have none)."""
+    client = mlflow_client(uri)
+    query = f"tags.`{PARENT_TAG}` = '{parent_run_id}'"
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], query, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    return {run.data.tags.get(TRIAL_ID_TAG, run.info.run_id): run for run in runs}
+
+
+def is_outage(err: BaseException) -> bool:
+    """Whether ``err`` says the server could not be reached, as opposed to a request it refused. MLflow wraps the
+    ``requests`` error in an ``MlflowException`` raised inside its ``except`` block: the cause is the context."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OUTAGE_ERRORS):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def server_answers(uri: str) -> bool:
+    """A short probe of an http tracking server's ``/health`` (never the client's minutes of retries); a local store
+    has no server to be down."""
+    if not uri.startswith(("http://", "https://")):
+        return True
+    try:
+        return requests.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).status_code == 200
+    except requests.exceptions.RequestException:
+        return False

@@ -1,0 +1,64 @@
+"""What a run holds: the names the driver writes and reads back, the context tags, params flattened as MLflow's strings.
+
+A trial's run (``callback``) holds: its full config as params (``flatten``); per epoch the metrics ``callback.
+epoch_metrics`` picks from the trial's report, at ``step = epoch``; the tags below (and the sweep's ``dvc_stage``,
+``params_hash``, ``git_commit``, MLflow's own ``mlflow.user`` / ``mlflow.source.*``); when it ends, its checkpoint
+folder as artifact ``checkpoint/``, its final model and the prepared dataset as its input (``logged_model``). The
+parent run of a sweep or a prune run (``parent``) holds the stage's params, ``sweep_trials.json`` and, once finished,
+a description and summary metrics (``registry``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking.context.registry import resolve_tags
+from ray.tune.utils import flatten_dict
+
+KEY_TAG = "trial_key"  # a trial's identity (``identity.trial_key``; a pruned model's ``prune_key``)
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the sweep (or prune run) that started the run
+TRIAL_ID_TAG = "ray.trial_id"  # the Tune trial that trains the run now
+TRIAL_PATH_TAG = "ray.trial_path"  # the Ray trial folder of a run, whose checkpoint_* dirs a resume starts from
+NODES_TAG = "ray.node_ids"  # comma-separated, in order: every node a trial's run trained on
+STATUS_TAG = "tune.status"  # how Tune ended the trial: running, retrying, finished, early_stopped, error, interrupted
+LAST_EPOCH_TAG = "tune.last_epoch"
+FAILURE_REASON_TAG = "tune.failure_reason"  # why a trial failed without retries (UnretryableTrialError)
+CHECKPOINT_TAG = "tune.checkpoint"  # the checkpoint folder uploaded as the run's artifact ``checkpoint/``
+MODEL_URI_TAG = "model_uri"  # ``models:/<model id>`` of the run's final model (the registry's source)
+NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
+DVC_EXP_TAG = "dvc.exp_name"
+
+
+def flatten(tree: dict[str, Any]) -> dict[str, str]:
+    """``{"model": {"hidden": 32}}`` -> ``{"model.hidden": "32"}``: Tune's ``flatten_dict``, values as MLflow's
+    strings (lists as JSON)."""
+    flat = flatten_dict(tree, delimiter=".")
+    return {key: json.dumps(value) if isinstance(value, list | tuple) else str(value) for key, value in flat.items()}
+
+
+def context_tags() -> dict[str, str]:
+    """The tags ``mlflow.start_run`` would add (user, source name and type, git commit of the entry point), which
+    ``MlflowClient.create_run`` does not, and the DVC experiment when ``dvc exp run`` runs the stage (DVC sets
+    ``DVC_EXP_NAME`` for it)."""
+    tags = resolve_tags()
+    experiment = os.environ.get("DVC_EXP_NAME")
+    return {**tags, DVC_EXP_TAG: experiment} if experiment else tags
+
+
+def git_commit(project_root: Path) -> str:
+    """HEAD's sha, suffixed ``-dirty`` when tracked files differ from it; ``unknown`` outside git."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=project_root, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{sha}-dirty" if dirty else sha

@@ -1,0 +1,138 @@
+"""The Ray Tune side of a tracked run: the Tuner of exactly the trials that train, a trial's config, restoring.
+
+Why it is built this way:
+- Only ``ray.tune.*`` APIs: reporting through Ray Train inside a Tune function is a hard error in Ray 2.60.
+- A trial's config is ``{"variant", "seed", "resume_from", "resume_run"}`` (and the prune stage's ``init_from``):
+  small, and the seed is in ``param_space`` (reproducible); the progress table shows only variant and seed of it.
+  The validated params (as JSON) and the dataset go through the object store (``with_parameters``); the trainable
+  (``pipeline.trial.trainable``) rebuilds its typed config from them (``params.model_for(variant)``, ``params.train``
+  with the seed) without reading any file. They cannot drift on restore: the experiment name is their hash.
+- Every epoch reports with a checkpoint; a failed trial is retried from it (``FailureConfig``) and an interrupted run
+  is restored (``Tuner.restore``) because the experiment name is a hash of what it runs and ``storage_path`` is
+  absolute. Trials never use their working directory: Ray moves them into scratch directories.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from typing import Any
+
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import BasicVariantGenerator
+
+from pipeline.config import Params
+from pipeline.data.prepared import PreparedData
+from pipeline.sweep.identity import code_hash
+from pipeline.sweep.manifest import METRIC, MODE
+from pipeline.sweep.progress import progress_reporter
+from pipeline.sweep.reuse import RESUME, TrialDecision
+from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.tracking.callback import MlflowTrialCallback
+from pipeline.trial.trainable import train_trial
+
+log = logging.getLogger(__name__)
+
+TUNER_FILE = "tuner.pkl"  # Tune's saved Tuner in the experiment folder (it pickles the callbacks by module path)
+
+
+def restorable(path: StoragePath) -> bool:
+    """Whether this driver can restore the interrupted run at ``path``: Tune has its state there and its saved Tuner
+    unpickles. One saved by a driver whose modules have since moved does not; the run then starts anew in the same
+    folder and finds its trials in the store as any grown sweep does (finished ones reused, unfinished ones resumed
+    from their newest checkpoint, in their own runs)."""
+    if not tune.Tuner.can_restore(str(path)):
+        return False
+    try:
+        pickle.loads((path / TUNER_FILE).read_bytes())
+    except (AttributeError, ImportError, pickle.UnpicklingError) as err:
+        log.warning(
+            "ray: %s was saved by another version of the driver (%s); its trials are looked up in MLflow "
+            "instead of restored",
+            path,
+            err,
+        )
+        return False
+    return True
+
+
+def trial_config(decision: TrialDecision) -> dict[str, Any]:
+    """A trial's Tune config: its variant and seed, and for a resumed trial the checkpoint and MLflow run it
+    continues (``pipeline.trial.trainable``, ``MlflowTrialCallback.on_trial_start``)."""
+    resume = decision.action == RESUME
+    return {
+        "variant": decision.variant,
+        "seed": decision.seed,
+        "resume_from": decision.checkpoint_dir if resume else None,
+        "resume_run": decision.run_id if resume else None,
+    }
+
+
+def build_tuner(
+    params: Params,
+    data: PreparedData,
+    path: StoragePath,
+    callback: MlflowTrialCallback,
+    *,
+    restore: bool,
+    trials: list[dict[str, Any]],
+) -> tune.Tuner:
+    """The Tuner of exactly the trial configs ``trials`` (each ``{"variant", "seed", ...}``: the sweep's trials that
+    are not reused, or the prune stage's fine-tuning runs); restored from ``path`` when ``restore``."""
+    # Checkpointing every epoch with num_to_keep forces a state snapshot every few reports; each takes milliseconds
+    # here, but short epochs make Tune warn on every one. Only that warning is switched off (user's value wins).
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
+    resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
+    params_json = params.model_dump(mode="json")
+    trainable = tune.with_parameters(train_trial, data=data, params_json=params_json, code_version=code_hash())
+    trainable = tune.with_resources(trainable, resources)
+    if restore:
+        log.info("ray: restoring the interrupted run at %s", path)
+        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+        # Tune brings back the callbacks pickled in tuner.pkl, with the first run's tracking URI, tags and counters.
+        # Use this run's callback instead; Tune still restores its trial -> MLflow run map (get_state/set_state)
+        # from the experiment directory, so the trials continue their own runs.
+        tuner._local_tuner.get_run_config().callbacks = [callback]
+        return tuner
+    asha = params.sweep.asha
+    # On the trial's epoch, not Tune's iteration count: a trial resumed from an earlier sweep's checkpoint starts at
+    # its epoch k + 1 but at iteration 1.
+    scheduler = (
+        ASHAScheduler(
+            time_attr="epoch",
+            max_t=params.train.epochs,
+            grace_period=asha.grace_period,
+            reduction_factor=asha.reduction_factor,
+        )
+        if asha.enabled
+        else None
+    )
+    # Each listed config once: Tune runs points_to_evaluate first, one per sample.
+    space: dict[str, Any] = {key: None for trial in trials for key in trial}
+    return tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            metric=METRIC,
+            mode=MODE,
+            scheduler=scheduler,
+            num_samples=len(trials),
+            # max_concurrent here: TuneConfig.max_concurrent_trials is ignored with a search_alg instance.
+            search_alg=BasicVariantGenerator(
+                points_to_evaluate=trials, random_state=params.seed, max_concurrent=params.sweep.max_concurrent_trials
+            ),
+            reuse_actors=True,  # a new trial reuses a finished trial's worker: no second torch import / spawn
+        ),
+        run_config=tune.RunConfig(
+            name=path.name,
+            storage_path=str(path.parent),
+            verbose=1,
+            progress_reporter=reporter,
+            callbacks=[callback],
+            failure_config=tune.FailureConfig(max_failures=params.sweep.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        ),
+    )

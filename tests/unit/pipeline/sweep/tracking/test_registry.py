@@ -1,0 +1,84 @@
+"""The parent run's summary and the model registry, on a real sqlite store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from mlflow.tracking import MlflowClient
+
+from pipeline.config import ModelConfig
+from pipeline.models import build_model
+from pipeline.sweep.manifest import ERROR, FINISHED, TrialRecord
+from pipeline.sweep.tracking import registry as summary
+from pipeline.sweep.tracking.logged_model import log_trial_model
+from pipeline.sweep.tracking.tags import MODEL_URI_TAG
+from pipeline.trial.checkpoint import save_model_checkpoint
+
+IMAGE_SHAPE = (3, 8, 8)
+SA = ModelConfig(hidden=8, layers=1, ffn=16, heads=4, downsample=2)
+
+
+def _checkpoint(folder: Path, cfg: ModelConfig, seed: int) -> Path:
+    torch.manual_seed(seed)
+    model = build_model(cfg, image_size=IMAGE_SHAPE[1], in_channels=IMAGE_SHAPE[0], num_classes=10)
+    save_model_checkpoint(folder, model, cfg, image_shape=IMAGE_SHAPE, num_classes=10)
+    return folder
+
+
+def _trial(
+    client: MlflowClient,
+    experiment_id: str,
+    folder: Path,
+    variant: str,
+    seed: int,
+    acc: float,
+    status: str = FINISHED,
+) -> TrialRecord:
+    run = client.create_run(experiment_id, run_name=f"{variant}-seed{seed}")
+    model_uri = log_trial_model(
+        client.tracking_uri, run.info.run_id, _checkpoint(folder / variant / str(seed), SA, seed), None
+    )
+    client.set_tag(run.info.run_id, MODEL_URI_TAG, model_uri)
+    return TrialRecord(
+        f"t-{variant}-{seed}",
+        run.info.run_id,
+        run.info.run_name,
+        variant,
+        seed,
+        status,
+        2,
+        {"test_acc": acc},
+        None,
+        None,
+    )
+
+
+def test_the_parent_run_gets_summary_metrics_a_description_and_the_best_models(store, tmp_path: Path) -> None:
+    client, experiment_id = store
+    trials = [
+        _trial(client, experiment_id, tmp_path, "sa_a", 0, 0.50),
+        _trial(client, experiment_id, tmp_path, "sa_a", 1, 0.70),  # the best of sa_a
+        _trial(client, experiment_id, tmp_path, "sa_a", 2, 0.90, status=ERROR),  # failed: never the best
+        _trial(client, experiment_id, tmp_path, "sa_b", 0, 0.40),
+    ]
+    parent = client.create_run(experiment_id).info.run_id
+    accuracy = {
+        "sa_a": {"test_acc": 0.6, "test_acc_std": 0.1, "test_acc_n": 2},
+        "sa_b": {"test_acc": 0.4, "test_acc_std": 0.0, "test_acc_n": 1},
+    }
+    sweep = summary.SweepSummary("Sweep of 2 variants x 2 seeds", "digits 8x8", 2, accuracy)
+
+    summary.publish_summary(client.tracking_uri, parent, sweep, trials)
+    summary.publish_summary(client.tracking_uri, parent, sweep, trials)  # a second call adds no version
+
+    run = client.get_run(parent)
+    assert run.data.metrics == {"test_acc.sa_a": 0.6, "test_acc.sa_b": 0.4}
+    note = run.data.tags[summary.NOTE_TAG]
+    assert note.startswith("**Sweep of 2 variants x 2 seeds**, 2 epochs each, on digits 8x8.")
+    assert note.index("| sa_a | 0.6000") < note.index("| sa_b | 0.4000")  # best variant first
+    assert "`logged-models.sa_a`" in note
+    (version,) = client.search_model_versions("name = 'logged-models.sa_a'")
+    assert version.run_id == trials[1].run_id
+    assert version.source == client.get_run(trials[1].run_id).data.tags[MODEL_URI_TAG]
+    assert len(client.search_model_versions("name = 'logged-models.sa_b'")) == 1
