@@ -1,19 +1,36 @@
-# One-command set-up: every target creates .venv/ (if missing) and installs the project into it, once.
-# A second call reinstalls nothing unless pyproject.toml changed.
+# One-command set-up: every target creates .venv/ (if missing) and installs the project into it, once, with exactly
+# the versions in requirements.lock. A second call reinstalls nothing unless pyproject.toml or the lock changed.
+# `make lock` re-resolves the lock from pyproject.toml (after adding or bumping a dependency): commit both.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
+LOCK_VENV := .lock-venv
 
-.PHONY: install repro test test-fast lint describe ui clean-results
+.PHONY: install lock repro test test-fast lint format describe ui
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -r $(LOCK)
+	$(BIN)/python -m pip install -q --no-deps -e .
+	@$(BIN)/python -m pip check >/dev/null || { $(BIN)/python -m pip check; \
+		echo "$(LOCK) does not satisfy pyproject.toml: run 'make lock' and commit $(LOCK)"; exit 1; }
 	@touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install the project with its pinned dependencies
+install: $(STAMP)  ## create .venv and install the project with the locked versions (requirements.lock)
+
+lock:  ## re-resolve pyproject.toml's dependencies (dev extra included) into requirements.lock, in a fresh venv
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install -q -e '.[dev]'
+	{ echo "# Every package 'make install' installs, at the version it installs (pip freeze of a fresh venv of"; \
+	  echo "# pyproject.toml with its dev extra, Python $$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())')). Regenerate with 'make lock'; never edit by hand."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable; } > $(LOCK).tmp
+	mv $(LOCK).tmp $(LOCK)
+	rm -rf $(LOCK_VENV)
 
 repro: $(STAMP)  ## run the whole pipeline on the embedded default (dvc repro)
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
@@ -24,15 +41,19 @@ test: $(STAMP)  ## the full test suite, integration tests included
 test-fast: $(STAMP)  ## unit tests only
 	$(BIN)/pytest -m "not slow and not browser"
 
-lint: $(STAMP)
+lint: $(STAMP)  ## ruff's checks, and that every file is as ruff format writes it (CI runs this before the tests)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)  ## rewrite the files as ruff format writes them
+	$(BIN)/ruff format .
 
 describe: $(STAMP)  ## parameter / FLOP table of the paper's models
 	$(BIN)/python -m stages.describe
 
 ui: $(STAMP)  ## MLflow UI on the project's store at http://127.0.0.1:5000 (local only), on the sweep's runs table
-	@$(BIN)/python -c "from pipeline.config import load_params; from mlflow.tracking import MlflowClient; \
-		e = MlflowClient('sqlite:///$(CURDIR)/mlflow.db').get_experiment_by_name(load_params('params.yaml').tracking.experiment); \
+	@$(BIN)/python -c "from pipeline.config import load_params; from pipeline.sweep.tracking.store import mlflow_client; \
+		e = mlflow_client('sqlite:///$(CURDIR)/mlflow.db').get_experiment_by_name(load_params('params.yaml').tracking.experiment); \
 		page = f'experiments/{e.experiment_id}/runs' if e else 'experiments?workflowType=machine_learning'; \
 		print(f'MLflow UI: http://127.0.0.1:5000/#/{page} (Ctrl-C stops it)')"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
