@@ -303,6 +303,24 @@ def _save_pruned(where: StoragePath, plan: PrunePlan, params: Params) -> None:
         where.upload(Path(staging))
 
 
+def _from_plan(plan: PrunePlan) -> dict[str, Any]:
+    """What a pruned model's manifest entry takes from its plan, whether fine-tuned in this run or reused."""
+    return {
+        "source_run_id": str(plan.source.run_id),
+        "source_trial_id": plan.source.trial_id,
+        "variant": plan.source.variant,
+        "seed": plan.source.seed,
+        "pruned_heads": plan.pruned_heads,
+        "heads_per_layer": plan.heads_per_layer,
+        "params_before": plan.params_before,
+        "params_after": plan.params_after,
+        "flops_before": plan.flops_before,
+        "flops_after": plan.flops_after,
+        "acc_before_pruning": float(plan.source.metrics.get("test_acc", float("nan"))),
+        "decisions": plan.decisions,
+    }
+
+
 def _reused_model(plan: PrunePlan, client: MlflowClient, decided: TrialDecision) -> PrunedModel:
     """A pruned model whose fine-tuning already finished in an earlier prune run: its figures come from that run (the
     accuracy right after pruning is its step-0 metric)."""
@@ -310,53 +328,32 @@ def _reused_model(plan: PrunePlan, client: MlflowClient, decided: TrialDecision)
     history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "test_acc")}
     metrics = {**run.data.metrics, "epoch": float(decided.epoch)}
     return PrunedModel(
-        source_run_id=str(plan.source.run_id),
-        source_trial_id=plan.source.trial_id,
-        variant=plan.source.variant,
-        seed=plan.source.seed,
+        **_from_plan(plan),
         run_id=run.info.run_id,
         run_name=run.info.run_name,
         status=FINISHED,
         epochs_completed=decided.epoch,
-        pruned_heads=plan.pruned_heads,
-        heads_per_layer=plan.heads_per_layer,
-        params_before=plan.params_before,
-        params_after=plan.params_after,
-        flops_before=plan.flops_before,
-        flops_after=plan.flops_after,
-        acc_before_pruning=float(plan.source.metrics.get("test_acc", float("nan"))),
         acc_after_pruning=history.get(0, float("nan")),
         acc_after_finetune=run.data.metrics.get("test_acc"),
         pruned_checkpoint_dir=run.data.tags.get("prune.pruned_dir", ""),
         checkpoint_dir=decided.checkpoint_dir,
-        decisions=plan.decisions,
         metrics=metrics,
         reused=True,
     )
 
 
 def _pruned_model(plan: PrunePlan, summary: dict, record: TrialRecord | None) -> PrunedModel:
+    """A pruned model fine-tuned in this run (``record``: its trial; None when it never started)."""
     metrics = record.metrics if record else {}
     return PrunedModel(
-        source_run_id=str(plan.source.run_id),
-        source_trial_id=plan.source.trial_id,
-        variant=plan.source.variant,
-        seed=plan.source.seed,
+        **_from_plan(plan),
         run_id=record.run_id if record else None,
         run_name=record.run_name if record else None,
         status=record.status if record else INTERRUPTED,
         epochs_completed=record.epochs_completed if record else 0,
-        pruned_heads=plan.pruned_heads,
-        heads_per_layer=plan.heads_per_layer,
-        params_before=plan.params_before,
-        params_after=plan.params_after,
-        flops_before=plan.flops_before,
-        flops_after=plan.flops_after,
-        acc_before_pruning=float(plan.source.metrics.get("test_acc", float("nan"))),
         acc_after_pruning=summary["acc_after_pruning"],
         acc_after_finetune=metrics.get("test_acc"),
         pruned_checkpoint_dir=summary["pruned_dir"],
         checkpoint_dir=record.checkpoint_dir if record else None,
-        decisions=plan.decisions,
         metrics=metrics,
     )
