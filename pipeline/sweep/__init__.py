@@ -8,6 +8,7 @@ The tune stage (``stages.tune``) reads it top-down:
 - ``tuner``      the Ray Tune side: the Tuner of the trials that train, a trial's config, whether a run restores
 - ``grid``       variants x seeds, and what to do with each trial
 - ``reuse``      the rule: reuse a finished run, resume an unfinished one from its checkpoint, or train
+- ``checkpoints`` a trial folder's newest checkpoint that loads (resume, a replayed upload)
 - ``identity``   what names a trial and a sweep (``trial_key``, ``tune-<hash>``), and the trial code
 - ``preflight``  what is checked before Ray starts; ``dry_run``: what ``--dry-run`` prints
 - ``tracking/``  MLflow behind one seam: store and client, tags, parent run, callback, outage buffer, models, registry

@@ -16,19 +16,17 @@ identity (``identity.trial_key``). So before Ray starts, the driver looks every 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlflow.entities import Run
 
+from pipeline.sweep.checkpoints import newest_checkpoint
 from pipeline.sweep.manifest import FINISHED
 from pipeline.sweep.storage import StoragePath, found_file
 from pipeline.sweep.tracking.store import find_runs, mlflow_client
 from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, LAST_EPOCH_TAG, STATUS_TAG, TRIAL_PATH_TAG
 from pipeline.trial.report import CHECKPOINT_FILE
-
-log = logging.getLogger(__name__)
 
 REUSE, RESUME, TRAIN = "reuse", "resume", "train"
 DECISIONS_FILE = "sweep_plan.json"  # in the Ray experiment dir: the decisions a restored run continues with
@@ -68,36 +66,6 @@ def is_complete(run: Run, epochs: int) -> bool:
         and tags.get(LAST_EPOCH_TAG) == str(epochs)
         and CHECKPOINT_TAG in tags
     )
-
-
-def checkpoint_epoch(directory: StoragePath) -> int | None:
-    """The epoch of the checkpoint in ``directory`` (local or in a bucket); None, with a warning naming the file, when
-    there is none or it does not load (truncated by a crash, deleted by Tune's ``num_to_keep``)."""
-    from pipeline.trial.checkpoint import CorruptCheckpointError, load_checkpoint  # torch: only when one is read
-
-    if not (directory / CHECKPOINT_FILE).is_file():
-        log.warning("skipping %s: it holds no %s", directory, CHECKPOINT_FILE)
-        return None
-    try:
-        with directory.as_local() as local:
-            return int(load_checkpoint(local)["epoch"])
-    except (FileNotFoundError, CorruptCheckpointError) as err:
-        log.warning("skipping %s: %s", directory, err)
-        return None
-
-
-def newest_checkpoint(trial_path: StoragePath) -> tuple[StoragePath, int] | None:
-    """The newest ``checkpoint_*`` dir under a Ray trial folder (local or in a bucket) whose checkpoint loads, with
-    its epoch; one that does not load is skipped for the one before it (``checkpoint_epoch``)."""
-    try:
-        directories = trial_path.subdirs("checkpoint_")
-    except OSError as err:  # a bucket or endpoint an earlier run recorded and that is gone: nothing to resume from
-        log.warning("not resuming from %s: %s", trial_path, str(err).splitlines()[0][:200])
-        return None
-    for directory in reversed(directories):
-        if (epoch := checkpoint_epoch(directory)) is not None:
-            return directory, epoch
-    return None
 
 
 def decide(variant: str, seed: int, key: str, runs: list[Run], epochs: int, *, retrain: bool = False) -> TrialDecision:

@@ -31,7 +31,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 
 from pipeline.io import write_json_atomic, write_text_atomic
-from pipeline.sweep.reuse import checkpoint_epoch, newest_checkpoint
+from pipeline.sweep.checkpoints import newest_loading_checkpoint
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.logged_model import PreparedDataset, log_checkpoint
 from pipeline.sweep.tracking.store import PROBE_TIMEOUT_S, is_outage, mlflow_client, server_answers
@@ -43,14 +43,6 @@ RUNS_FILE = "mlflow_buffer_runs.json"  # beside it: run id handed out while the 
 PLACEHOLDER = "buffered-"  # how such a run id starts (``buffered-<trial id>``)
 RETRY_EVERY_S = 10.0  # while the server is down: at most one /health probe per this many seconds
 FINAL_WAIT_S = 60.0  # at the end of a sweep: how long to wait for a server that is down before giving up
-
-
-def newest_loading_checkpoint(preferred: StoragePath, trial_dir: StoragePath) -> StoragePath | None:
-    """``preferred`` when it still loads, else the trial's newest checkpoint that does (None: none does)."""
-    if checkpoint_epoch(preferred) is not None:
-        return preferred
-    found = newest_checkpoint(trial_dir)
-    return found[0] if found else None
 
 
 class TrackingBuffer:

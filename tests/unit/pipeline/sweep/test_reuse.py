@@ -9,7 +9,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from pipeline.sweep.reuse import RESUME, REUSE, TRAIN, decide, newest_checkpoint
+from pipeline.sweep.checkpoints import newest_checkpoint
+from pipeline.sweep.reuse import RESUME, REUSE, TRAIN, decide
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.store import find_runs
 from pipeline.sweep.tracking.tags import TRIAL_PATH_TAG

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import parse_params
+from pipeline.sweep.checkpoints import newest_checkpoint, newest_loading_checkpoint
 from pipeline.sweep.dry_run import dry_run_text
 from pipeline.sweep.preflight import preflight
-from pipeline.sweep.reuse import newest_checkpoint
 from pipeline.sweep.storage import DRIVER_DIR, StoragePath, check_storage, driver_dir, storage_dir
-from pipeline.sweep.tracking.buffer import newest_loading_checkpoint
 
 
 @pytest.fixture(params=["folder", "bucket"])
