@@ -149,7 +149,7 @@ class Prune(TrackedStage):
     ) -> None:
         self.params, self.data, self.tune_manifest, self.plans = params, data, tune_manifest, plans
         self.keys = {plan.key: prune_key(params, plan) for plan in plans}
-        self.name = prune_name(list(self.keys.values()))
+        self.name, self.work = prune_name(list(self.keys.values())), "fine-tuning"
         self.tracking_uri = tune_manifest.tracking_uri
         client = mlflow_client(self.tracking_uri)
         self.experiment = client.get_experiment(tune_manifest.experiment_id).name

@@ -67,7 +67,7 @@ class Sweep(TrackedStage):
 
     def __init__(self, params: Params, data_hash: str, project_root: Path, submitted: SubmittedJob | None) -> None:
         self.params, self.data_hash = params, data_hash
-        self.name = experiment_name(params, data_hash)
+        self.name, self.work = experiment_name(params, data_hash), "sweep"
         self.tracking_uri = tracking_uri(params.tracking, project_root)
         self.experiment = params.tracking.experiment
         commit = submitted.git_commit if submitted else git_commit(project_root)

@@ -59,6 +59,7 @@ class TrackedStage(ABC):
     run; ``tuner_params`` are the params the trials run with (the prune stage's fine-tuning schedule)."""
 
     name: str
+    work: str  # what the log calls the run: "sweep", "fine-tuning"
     tracking_uri: str
     experiment: str  # the MLflow experiment
     tags: dict[str, str]
@@ -154,7 +155,7 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
     if outcome.interrupted:
         closed = close_interrupted(callback)
         log.warning(
-            "%s interrupted: %d trial run(s) marked KILLED; re-run to restore it from %s", stage.name, closed, path
+            "%s interrupted: %d trial run(s) marked KILLED; re-run to restore it from %s", stage.work, closed, path
         )
     else:
         record_trials(parent, [{**d.to_dict(), "run_id": run_of(d, records)} for d in decisions], buffer)

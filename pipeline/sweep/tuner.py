@@ -90,7 +90,7 @@ def build_tuner(
     trainable = tune.with_parameters(train_trial, data=data, params_json=params_json, code_version=code_hash())
     trainable = tune.with_resources(trainable, resources)
     if restore:
-        log.info("ray: restoring the interrupted run at %s", path)
+        log.info("ray: restoring the interrupted sweep at %s", path)
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
         # Tune brings back the callbacks pickled in tuner.pkl, with the first run's tracking URI, tags and counters.
         # Use this run's callback instead; Tune still restores its trial -> MLflow run map (get_state/set_state)

@@ -30,7 +30,7 @@ class ReusingStage(TrackedStage):
     def __init__(
         self, params: Params, uri: str, runs: list[str], on_wrap_up: Callable[[], None] = lambda: None
     ) -> None:
-        self.name, self.tracking_uri, self.experiment = "stage-x", uri, "tracked"
+        self.name, self.work, self.tracking_uri, self.experiment = "stage-x", "stage", uri, "tracked"
         self.tags, self.parent_tags = {"dvc_stage": "stage"}, {"stage.only": "parent"}
         self.parent_params, self.tuner_params = {"p": "1"}, params
         self.runs, self.on_wrap_up = runs, on_wrap_up
