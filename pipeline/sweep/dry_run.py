@@ -21,7 +21,7 @@ from pipeline.sweep.session import ray_address
 from pipeline.sweep.storage import storage_dir
 from pipeline.sweep.tracking.parent import parent_finished
 from pipeline.sweep.tracking.store import active_experiment_id, tracking_uri
-from pipeline.sweep.tuner import restorable
+from pipeline.sweep.tuner import restorable, saved_by_tune
 
 
 def dry_run_decisions(
@@ -39,6 +39,8 @@ def dry_run_decisions(
     except OSError as err:  # a bucket that does not answer: the preflight after the plan says so, naming the key
         return None, f"unknown: cannot read it ({str(err).splitlines()[0][:200]})"
     state = "new"
+    if not restore and saved_by_tune(path):
+        state = "saved by an earlier driver, not restorable by this one: its trials are looked up in MLflow"
     if restore:
         if not parent_finished(path, uri):
             return read_decisions(path), "interrupted: would restore it"

@@ -38,12 +38,17 @@ log = logging.getLogger(__name__)
 TUNER_FILE = "tuner.pkl"  # Tune's saved Tuner in the experiment folder (it pickles the callbacks by module path)
 
 
+def saved_by_tune(path: StoragePath) -> bool:
+    """Whether Tune keeps an experiment's state at ``path`` (restorable or not by this driver)."""
+    return tune.Tuner.can_restore(str(path))
+
+
 def restorable(path: StoragePath) -> bool:
     """Whether this driver can restore the interrupted run at ``path``: Tune has its state there and its saved Tuner
     unpickles. One saved by a driver whose modules have since moved does not; the run then starts anew in the same
     folder and finds its trials in the store as any grown sweep does (finished ones reused, unfinished ones resumed
     from their newest checkpoint, in their own runs)."""
-    if not tune.Tuner.can_restore(str(path)):
+    if not saved_by_tune(path):
         return False
     try:
         pickle.loads((path / TUNER_FILE).read_bytes())

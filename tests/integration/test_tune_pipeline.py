@@ -144,6 +144,9 @@ def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
     assert "finished: nothing to train" in dry and "RESTORE" not in dry  # not "the interrupted sweep"
     for trial in swept["manifest"]["trials"]:
         assert f"{trial['variant']:<20} {trial['seed']:>4}" in dry
+    rows = {f"{t['variant']:<20} {t['seed']:>4}": t["run_id"] for t in swept["manifest"]["trials"]}
+    for line in dry.splitlines():  # a finished sweep: each trial would reuse its own run, none trains
+        assert not line.startswith(tuple(rows)) or line.endswith(f"reuse run {rows[line[:25]]}"), line
 
 
 def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
