@@ -43,11 +43,12 @@ from pipeline.sweep.reuse import TRIAL_PATH_TAG
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking_buffer import BUFFER_FILE, PLACEHOLDER, TrackingBuffer, is_outage
 from pipeline.trial.checkpoint import checkpoint_loads, load_checkpoint
-from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError
+from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError, epoch_metrics
 
 log = logging.getLogger(__name__)
 
-# Keys of run_trial's per-epoch report that become MLflow metrics (``epoch`` is the step, not a metric).
+# Keys of run_trial's per-epoch report that every run has as MLflow metrics (``epoch`` is the step, not a metric); a
+# self-attention trial's report adds its locality/layer<l>/<metric> values (``report.epoch_metrics`` selects both).
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
 FAILURE_REASON_TAG = "tune.failure_reason"  # why a trial failed without retries (UnretryableTrialError)
 NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
@@ -515,7 +516,7 @@ class MlflowTrialCallback(Callback):
         now = int(time.time() * 1000)
         for report in missing:
             epoch = int(report["epoch"])
-            metrics = [Metric(k, float(report[k]), now, epoch) for k in EPOCH_METRICS if k in report]
+            metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(report).items()]
             self.buffer.log_batch(run_id, metrics=metrics)
             self._logged_through[trial.trial_id] = epoch
         if missing:
@@ -535,7 +536,7 @@ class MlflowTrialCallback(Callback):
                 self.buffer.log_batch(run_id, tags=where)
             return
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(result[k]), now, epoch) for k in EPOCH_METRICS if k in result]
+        metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(result).items()]  # locality/... too
         self.buffer.log_batch(run_id, metrics=metrics, tags=where)
         self.epochs_logged += 1
 
