@@ -1,0 +1,60 @@
+"""Colours that belong to a variant's name: the same in every figure, every run of the analysis and ``dvc plots``,
+whatever else the study holds, so adding a variant recolours none of the others.
+
+The paper's models have Okabe-Ito colours (colour-blind-safe), fixed here once: the two quadratic models in blues,
+the generalized one and its pruned copy in vermillion and orange, the learned one in green, ResNet18 in black. Any
+other name gets one of ``OTHER_COLOURS`` (twelve evenly spaced hues of equal lightness) from a stable hash of the
+name (sha256; Python's ``hash`` is salted per process) and, from other bits of the same hash, one of ``DASHES``: two
+names that share a hue are still told apart by their line in most cases. An order-based palette would be unique per
+study but recolour every variant after the one added; a stable name-based choice cannot be both, and a study that
+needs certain colours names its variants after the paper's or reads the variant from the legend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import seaborn as sns
+
+# Okabe & Ito (2008), "Color Universal Design": orange, sky blue, bluish green, yellow, blue, vermillion, purple, black.
+OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000"]
+PAPER_COLOURS = {
+    "resnet18": "#000000",
+    "sa_quadratic_9": "#0072B2",
+    "sa_quadratic_16": "#56B4E9",
+    "sa_generalized_9": "#D55E00",
+    "sa_generalized_9_pruned": "#E69F00",
+    "sa_learned_9": "#009E73",
+}
+OTHER_COLOURS = sns.husl_palette(12, s=0.85, l=0.5).as_hex()
+DASHES = ["-", "--", "-.", ":"]
+# Paul Tol's "muted" scheme for heads (9 per layer in the paper; beyond 9 the colours repeat with another dash).
+TOL_MUTED = ["#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499"]
+
+
+@dataclass(frozen=True)
+class Style:
+    """How a variant is drawn: a colour (hex) and a matplotlib line style."""
+
+    colour: str
+    dash: str = "-"
+
+
+def variant_style(name: str) -> Style:
+    """The variant's colour and line style: fixed for the paper's names, a stable hash of the name otherwise."""
+    if name in PAPER_COLOURS:
+        return Style(PAPER_COLOURS[name])
+    digest = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+    return Style(OTHER_COLOURS[digest % len(OTHER_COLOURS)], DASHES[(digest // len(OTHER_COLOURS)) % len(DASHES)])
+
+
+def head_style(head: int) -> tuple[str, str]:
+    """Colour and line style of head ``head`` (numbered from 1, as in every figure and CSV)."""
+    index = head - 1
+    return TOL_MUTED[index % len(TOL_MUTED)], DASHES[(index // len(TOL_MUTED)) % len(DASHES)]
+
+
+def layer_colours(layers: int) -> list[str]:
+    """One colour per layer, light (layer 1) to dark (the last): depth reads as a sequence."""
+    return sns.color_palette("crest", max(layers, 1)).as_hex()
