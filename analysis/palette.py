@@ -1,13 +1,13 @@
 """Colours that belong to a variant's name: the same in every figure, every run of the analysis and ``dvc plots``,
 whatever else the study holds, so adding a variant recolours none of the others.
 
-The paper's models have Okabe-Ito colours (colour-blind-safe), fixed here once: the two quadratic models in blues,
-the generalized one and its pruned copy in vermillion and orange, the learned one in green, ResNet18 in black. Any
-other name gets one of ``OTHER_COLOURS`` (twelve evenly spaced hues of equal lightness) from a stable hash of the
-name (sha256; Python's ``hash`` is salted per process) and, from other bits of the same hash, one of ``DASHES``: two
-names that share a hue are still told apart by their line in most cases. An order-based palette would be unique per
-study but recolour every variant after the one added; a stable name-based choice cannot be both, and a study that
-needs certain colours names its variants after the paper's or reads the variant from the legend.
+The paper's models have Okabe-Ito colours (colour-blind-safe) and solid lines, fixed here once: the two quadratic
+models in blues, the generalized one and its pruned copy in vermillion and orange, the learned one in green, ResNet18
+in black. Any other name gets one of ``OTHER_COLOURS`` (24: twelve evenly spaced hues, dark and light) and one of
+``OTHER_DASHES`` from a stable hash of the name (sha256; Python's ``hash`` is salted per process), so it is never
+drawn as one of the paper's models and two names rarely share both (1 in 72 per pair). An order-based palette would
+be collision-free within a study but recolour every variant after the one added; a stable name-based choice cannot be
+both, so a legend always names each line.
 """
 
 from __future__ import annotations
@@ -27,8 +27,15 @@ PAPER_COLOURS = {
     "sa_generalized_9_pruned": "#E69F00",
     "sa_learned_9": "#009E73",
 }
-OTHER_COLOURS = sns.husl_palette(12, s=0.85, l=0.5).as_hex()
-DASHES = ["-", "--", "-.", ":"]
+OTHER_COLOURS = [
+    colour
+    for dark, light in zip(
+        sns.husl_palette(12, s=0.9, l=0.42).as_hex(), sns.husl_palette(12, s=0.9, l=0.62, h=0.01 + 1 / 24).as_hex()
+    )
+    for colour in (dark, light)
+]
+OTHER_DASHES = ["--", "-.", ":"]
+DASHES = ["-", *OTHER_DASHES]
 # Paul Tol's "muted" scheme for heads (9 per layer in the paper; beyond 9 the colours repeat with another dash).
 TOL_MUTED = ["#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499"]
 
@@ -46,7 +53,8 @@ def variant_style(name: str) -> Style:
     if name in PAPER_COLOURS:
         return Style(PAPER_COLOURS[name])
     digest = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
-    return Style(OTHER_COLOURS[digest % len(OTHER_COLOURS)], DASHES[(digest // len(OTHER_COLOURS)) % len(DASHES)])
+    colour, dash = divmod(digest, len(OTHER_DASHES))
+    return Style(OTHER_COLOURS[colour % len(OTHER_COLOURS)], OTHER_DASHES[dash])
 
 
 def head_style(head: int) -> tuple[str, str]:

@@ -337,7 +337,7 @@ def _locality(fx: _Figures, locality: pd.DataFrame, offsets: dict[str, float]) -
         "Beyond the paper: each layer's mean attention distance (tokens; the mean over its heads), measured by the "
         "trial on each layer's own input at every epoch (epoch 0: before training) and logged to MLflow as "
         f"`locality/layer<l>/mean_distance`; averaged over layers, first -> last epoch: {'; '.join(changes)}. The "
-        f"dotted line is the convolution-like threshold ({CONV_LIKE_RULE}). The paper's Figs. 3/7 show the end "
+        f"dotted line is the convolution-like threshold: {CONV_LIKE_RULE}. The paper's Figs. 3/7 show the end "
         "state: early layers local, deeper layers wider."
     )
     return fig, sentence
@@ -447,13 +447,13 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
         if build is not None:
             fx.add(
                 f"contours_{variant.name}",
-                f"{prefix}head contours of {variant.label}",
+                f"{prefix}{'head' if prefix else 'Head'} contours of {variant.label}",
                 lambda v=variant.name: _contours(fx, v),
             )
         else:
             fx.add(
                 f"attention_{variant.name}",
-                f"{prefix}attention maps of {variant.label}",
+                f"{prefix}{'attention' if prefix else 'Attention'} maps of {variant.label}",
                 lambda v=variant.name: _attention_maps(fx, v),
             )
         fx.add(

@@ -10,6 +10,7 @@ architecture; the paper's models keep the paper's own labels.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +53,8 @@ def _label(name: str, config: Mapping[str, Any], usual: Mapping[str, Any]) -> st
         fields = ["resnet_width"]
     else:
         encoding = config.get("encoding", "?")
-        parts = [f"SA {ENCODING_LABELS.get(encoding, encoding)}", f"{config.get('heads', '?')} heads"]
+        heads = config.get("heads", "?")
+        parts = [f"SA {ENCODING_LABELS.get(encoding, encoding)}", f"{heads} head{'' if heads == 1 else 's'}"]
         fields = [f for f in config if f not in NAMED_FIELDS and f != "resnet_width"]
     parts += [f"{f.replace('_', ' ')} {config[f]}" for f in fields if f in usual and config[f] != usual[f]]
     return ", ".join(parts)
@@ -67,10 +69,16 @@ def _usual(configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return usual
 
 
+def _natural(name: str) -> list[Any]:
+    """Sort key reading the digits of a name as numbers: ``sa_heads2`` < ``sa_heads16``."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+
+
 def describe_variants(configs: Mapping[str, Mapping[str, Any]]) -> list[Variant]:
-    """The study's variants, ordered as the paper's table for the paper's models, then as ``configs`` lists them (the
-    manifests' order), a pruned model right after its source. ``configs``: variant name -> model fields (``{}``
-    when unknown). Display names are unique: a derived name two variants share gets the variant's name added."""
+    """The study's variants, ordered as the paper's table for the paper's models, then the others in the natural order
+    of their names (``heads2`` before ``heads16``: the same order whatever order the manifests list them in), a pruned
+    model right after its source. ``configs``: variant name -> model fields (``{}`` when unknown). Display names are
+    unique: a derived name two variants share gets the variant's name added."""
     sources = {n: n.removesuffix(PRUNED_SUFFIX) for n in configs if n.endswith(PRUNED_SUFFIX)}
     by_arch: dict[str, list[Mapping[str, Any]]] = {}
     for name, config in configs.items():
@@ -86,9 +94,9 @@ def describe_variants(configs: Mapping[str, Mapping[str, Any]]) -> list[Variant]
         return _label(name, config, usual.get(str(config.get("arch")), {}))
 
     paper = [n for n in PAPER_FIGURES if n in configs]
-    others = [n for n in configs if n not in PAPER_FIGURES and n not in sources]
+    others = sorted((n for n in configs if n not in PAPER_FIGURES and n not in sources), key=_natural)
     order = paper + [n for source in others for n in (source, f"{source}{PRUNED_SUFFIX}") if n in configs]
-    order += [n for n in configs if n not in order]  # a pruned model whose source is not in the study
+    order += sorted((n for n in configs if n not in order), key=_natural)  # pruned, without its source
     labels = {name: label(name) for name in order}
     shared = {text for text, count in Counter(labels.values()).items() if count > 1}
     return [

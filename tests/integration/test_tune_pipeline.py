@@ -64,13 +64,15 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
             assert tags.get(key), key
         assert tags["tune.retries"] == "1" and tags["tune.status"] == "finished"
         assert run.data.params["train.epochs"] == "2" and run.data.params["model.hidden"] == "16"
-        for key in ("test_acc", "train_loss", "images_per_s"):
+        locality = [key for key in run.data.metrics if key.startswith("locality/")]  # every layer, every metric
+        assert len(locality) == (3 if tags["variant"] == "sa_quadratic_9" else 0), locality  # 1 layer x 3 metrics
+        for key in ("test_acc", "train_loss", "images_per_s", *locality):
             steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
             assert steps == [1, 2], (key, steps)  # the retry continued at epoch 2, nothing logged twice
         artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")]
         assert "checkpoint/checkpoint.pt" in artifacts
         if tags["variant"] == "sa_quadratic_9":
-            assert "checkpoint/head_history.json" in artifacts
+            assert {"checkpoint/head_history.json", "checkpoint/locality_history.json"} <= set(artifacts)
         assert tags["mlflow.source.git.commit"] == parent.data.tags["mlflow.source.git.commit"]  # MLflow's context
         assert tags["mlflow.user"] and tags["mlflow.source.name"].endswith("stages/tune.py")
         (dataset,) = run.inputs.dataset_inputs  # the prepared data, by its content hash
@@ -222,8 +224,10 @@ def test_interrupted_sweep_restores(
     assert after.keys() == before.keys()  # the same runs continued, no duplicates
     for run in after.values():
         assert run.info.status == "FINISHED"
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "test_acc")]
-        assert sorted(steps) == list(range(1, epochs + 1)), steps  # each epoch logged once
+        locality = ["locality/layer1/mean_distance"] if run.data.tags["variant"] == "sa_quadratic_9" else []
+        for key in ("test_acc", *locality):
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            assert sorted(steps) == list(range(1, epochs + 1)), (key, steps)  # each epoch logged once
     assert client.get_run(record["parent_run_id"]).info.status == "FINISHED"
 
 

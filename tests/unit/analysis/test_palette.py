@@ -36,5 +36,5 @@ def test_the_colour_of_a_name_is_the_same_in_another_process() -> None:
 
 def test_other_names_spread_over_colours_and_dashes() -> None:
     styles = {variant_style(f"variant_{i}") for i in range(200)}
-    assert len({s.colour for s in styles}) == 12 and len({s.dash for s in styles}) == 4
-    assert not {s.colour for s in styles} & set(PAPER_COLOURS.values())
+    assert len({s.colour for s in styles}) == 24 and {s.dash for s in styles} == {"--", "-.", ":"}
+    assert not {s.colour for s in styles} & set(PAPER_COLOURS.values())  # never drawn as one of the paper's models

@@ -33,18 +33,20 @@ def test_names_come_from_the_config_and_name_only_what_differs() -> None:
         "wide_pruned": "SA quadratic generalized, 9 heads, hidden 64, pruned",
         "resnet_wide": "ResNet18, resnet width 16",
     }
-    # The paper's models in the paper's order, then the others as listed, each pruned model after its source.
+    # The paper's models in the paper's order, then the others by name (digits as numbers), pruned after source.
     assert [v.name for v in variants] == [
         "resnet18",
         "sa_quadratic_9",
         "sa_generalized_9_pruned",
+        "resnet_wide",
         "sa_learned_heads4",
         "wide",
         "wide_pruned",
-        "resnet_wide",
     ]
     assert {v.name: v.pruned_from for v in variants}["wide_pruned"] == "wide"
-    assert [v.is_attention for v in variants] == [False, True, True, True, True, True, False]
+    assert [v.is_attention for v in variants] == [False, True, True, False, True, True, True]
+    natural = describe_variants({name: {} for name in ["g_heads16", "g_heads2", "g_heads1", "f"]})
+    assert [v.name for v in natural] == ["f", "g_heads1", "g_heads2", "g_heads16"]
 
 
 def test_names_stay_unique() -> None:
