@@ -255,7 +255,7 @@ def locality_curves(
     cols = max(1, min(3, len(shown)))
     rows = max(1, math.ceil(len(shown) / cols))
     fig = Figure(figsize=(4.6 * cols + 1.6, 3.4 * rows + 0.6), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True).ravel()  # one epoch axis for all
     layers = sorted(frame["layer"].unique()) if len(frame) else []
     palette = dict(zip(layers, layer_colours(len(layers)), strict=True))
     for ax, variant in zip(axes, shown, strict=False):
@@ -281,6 +281,7 @@ def locality_curves(
         ax.set_xlabel("epoch")
         ax.set_ylabel(label)
         ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.tick_params(labelbottom=True)
         ax.grid(True, color="0.9")
     for ax in axes[len(shown) :]:
         ax.axis("off")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import matplotlib.colors
 import seaborn as sns
 
 # Okabe & Ito (2008), "Color Universal Design": orange, sky blue, bluish green, yellow, blue, vermillion, purple, black.
@@ -27,13 +28,9 @@ PAPER_COLOURS = {
     "sa_generalized_9_pruned": "#E69F00",
     "sa_learned_9": "#009E73",
 }
-OTHER_COLOURS = [
-    colour
-    for dark, light in zip(
-        sns.husl_palette(12, s=0.9, l=0.42).as_hex(), sns.husl_palette(12, s=0.9, l=0.62, h=0.01 + 1 / 24).as_hex()
-    )
-    for colour in (dark, light)
-]
+_DARK = sns.husl_palette(12, s=0.9, l=0.42).as_hex()
+_LIGHT = sns.husl_palette(12, s=0.9, l=0.62, h=0.01 + 1 / 24).as_hex()  # half a hue step on: between the dark ones
+OTHER_COLOURS = [colour for dark, light in zip(_DARK, _LIGHT, strict=True) for colour in (dark, light)]
 OTHER_DASHES = ["--", "-.", ":"]
 DASHES = ["-", *OTHER_DASHES]
 # Paul Tol's "muted" scheme for heads (9 per layer in the paper; beyond 9 the colours repeat with another dash).
@@ -64,5 +61,8 @@ def head_style(head: int) -> tuple[str, str]:
 
 
 def layer_colours(layers: int) -> list[str]:
-    """One colour per layer, light (layer 1) to dark (the last): depth reads as a sequence."""
-    return sns.color_palette("crest", max(layers, 1)).as_hex()
+    """One colour per layer along viridis, from its dark end (layer 1) to green (the last; its yellow end is left out,
+    it fades on white): depth reads as a sequence, and two layers are far apart."""
+    cmap = sns.color_palette("viridis", as_cmap=True)
+    steps = max(layers, 1)
+    return [matplotlib.colors.to_hex(cmap(0.05 + 0.7 * i / max(steps - 1, 1))) for i in range(steps)]

@@ -265,7 +265,7 @@ def _contours(fx: _Figures, variant: str) -> tuple[Figure, str] | str:
         pruning = " No heads are marked: no prune manifest yet." if not fx.study.prune_parent_run_id else pruning
     distance = heads_table_of(run).groupby("layer")["mean_distance"].mean()
     figure = PAPER_FIGURE_NUMBERS.get(variant)
-    title = f"{figure + ': ' if figure else ''}attention of each head of {fx.label(variant)}, seed {run.seed}"
+    title = f"{figure + ': a' if figure else 'A'}ttention of each head of {fx.label(variant)}, seed {run.seed}"
     fig = figures.head_contours(geometry, pruned=pruned, title=title)
     sentence = (
         f"Each head's Gaussian attention around the query pixel (50% and 90% of its mass) in every layer after "
@@ -291,7 +291,7 @@ def _attention_maps(fx: _Figures, variant: str) -> tuple[Figure, str] | str:
         maps = run.model.attention_maps(query)
     peak = heads_table_of(run).groupby("layer")["peak_probability"].mean()
     figure = PAPER_FIGURE_NUMBERS.get(variant)
-    title = f"{figure + ': ' if figure else ''}attention of {fx.label(variant)}, query token {query}, seed {run.seed}"
+    title = f"{figure + ': a' if figure else 'A'}ttention of {fx.label(variant)}, query token {query}, seed {run.seed}"
     fig = figures.attention_maps(maps, query, title=title)
     sentence = (
         f"Attention probabilities of every head (columns) of every layer (rows) for the central query token "
@@ -311,8 +311,12 @@ def _accuracy(fx: _Figures, curves: pd.DataFrame, markers: dict[str, float]) -> 
     finals = []
     for variant in variants:
         runs = curves[curves["variant"] == variant.name].sort_values("epoch").groupby("seed").tail(1)
-        paper = variant.paper.accuracy if variant.paper is not None else None
-        reference = f"paper {_fmt_pct(paper)}" if paper is not None else "not in the paper"
+        if variant.paper is None:
+            reference = "not in the paper"
+        elif variant.paper.accuracy is None:
+            reference = "the paper gives no accuracy"
+        else:
+            reference = f"paper {_fmt_pct(variant.paper.accuracy)}"
         finals.append(f"{variant.label} {_fmt_pct(runs['test_acc'].mean())} ({reference})")
     pruned = " A pruned model's curve starts right after pruning where its source run ended." if markers else ""
     sentence = (
