@@ -113,31 +113,76 @@ def build_study(tmp_path: Path, uri: str, experiment: str) -> dict:
             client.log_artifacts(run_id, str(checkpoint), artifact_path="checkpoint")
             expected["params"][variant] = count_parameters(model)
         client.set_terminated(run_id, "FINISHED" if status == "finished" else "FAILED")
-        trials.append(TrialRecord(f"t{len(trials)}", run_id, f"{variant}-seed{seed}", variant, seed, status, epochs,
-                                  {"test_acc": _acc(seed, epochs)}, str(checkpoint),
-                                  str(checkpoint / "head_history.json"),
-                                  {"checkpoint": f"runs:/{run_id}/checkpoint"}))  # fmt: skip
+        trials.append(
+            TrialRecord(
+                f"t{len(trials)}",
+                run_id,
+                f"{variant}-seed{seed}",
+                variant,
+                seed,
+                status,
+                epochs,
+                {"test_acc": _acc(seed, epochs)},
+                str(checkpoint),
+                str(checkpoint / "head_history.json"),
+                {"checkpoint": f"runs:/{run_id}/checkpoint"},
+            )
+        )
     # A run the manifest names that MLflow does not have (e.g. a store restored from an older backup).
-    trials.append(TrialRecord("tx", "0" * 32, "sa_generalized_9-seed1", "sa_generalized_9", 1, "finished", EPOCHS,
-                              {"test_acc": 0.9}, str(ray_dir / "gone"), None, {}))  # fmt: skip
+    trials.append(
+        TrialRecord(
+            "tx",
+            "0" * 32,
+            "sa_generalized_9-seed1",
+            "sa_generalized_9",
+            1,
+            "finished",
+            EPOCHS,
+            {"test_acc": 0.9},
+            str(ray_dir / "gone"),
+            None,
+            {},
+        )
+    )
     tune = TuneManifest("hash", "tune-hash", str(ray_dir), "test_acc", "max", uri, experiment_id, parent, trials)
     write_tune_manifest(tmp_path / "results/tune/manifest.json", tune, tmp_path)
 
     source = next(t for t in trials if t.variant == "sa_generalized_9" and t.seed == 0)
     prune_parent = client.create_run(experiment_id, run_name="prune").info.run_id
-    run_id = client.create_run(experiment_id, run_name="sa_generalized_9-seed0-pruned",
-                               tags={"mlflow.parentRunId": prune_parent}).info.run_id  # fmt: skip
+    run_id = client.create_run(
+        experiment_id, run_name="sa_generalized_9-seed0-pruned", tags={"mlflow.parentRunId": prune_parent}
+    ).info.run_id
     client.log_batch(run_id, metrics=[Metric("test_acc", _acc(0, e, 0.01), 0, e) for e in range(0, 3)])
     pruned_dir = ray_dir / "pruned" / "checkpoint_000001"
     keep = [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 6, 7]]  # heads 7, 8 of layer 1 and 8 of layer 2 cut
     pruned_model = _checkpoint(pruned_dir, "sa_generalized_9", 0, prune=keep)
     client.log_artifacts(run_id, str(pruned_dir), artifact_path="checkpoint")
     client.set_terminated(run_id, "FINISHED")
-    decisions = [[{"layer": layer, "head": head, "pruned": head not in keep[layer]} for head in range(9)]
-                 for layer in range(2)]  # fmt: skip
-    pruned = PrunedModel(source.run_id, source.trial_id, "sa_generalized_9", 0, run_id, "pruned", "finished", 2,
-                         [2, 1], [7, 8], 1, 1, {"paper": 1, "full": 1}, {"paper": 1, "full": 1}, 0.6, 0.31, 0.51,
-                         str(pruned_dir), str(pruned_dir), decisions)  # fmt: skip
+    decisions = [
+        [{"layer": layer, "head": head, "pruned": head not in keep[layer]} for head in range(9)] for layer in range(2)
+    ]
+    pruned = PrunedModel(
+        source.run_id,
+        source.trial_id,
+        "sa_generalized_9",
+        0,
+        run_id,
+        "pruned",
+        "finished",
+        2,
+        [2, 1],
+        [7, 8],
+        1,
+        1,
+        {"paper": 1, "full": 1},
+        {"paper": 1, "full": 1},
+        0.6,
+        0.31,
+        0.51,
+        str(pruned_dir),
+        str(pruned_dir),
+        decisions,
+    )
     prune = PruneManifest("prune-hash", str(ray_dir), "tune-hash", uri, experiment_id, prune_parent, {}, [pruned])
     write_prune_manifest(tmp_path / "results/prune/manifest.json", prune, tmp_path)
     expected["params"]["sa_generalized_9_pruned"] = count_parameters(pruned_model)
@@ -201,14 +246,26 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     pruned_curve = curves[curves["variant"] == "sa_generalized_9_pruned"].sort_values("epoch")
     assert pruned_curve["epoch"].tolist() == [EPOCHS, EPOCHS + 1, EPOCHS + 2]  # after its source's last epoch
     assert set(curves["variant"]) == {
-        "sa_quadratic_9", "sa_generalized_9", "sa_learned_9", "sa_learned_heads2", "sa_generalized_9_pruned"
-    }  # fmt: skip
+        "sa_quadratic_9",
+        "sa_generalized_9",
+        "sa_learned_9",
+        "sa_learned_heads2",
+        "sa_generalized_9_pruned",
+    }
     assert curves.groupby("variant")["colour"].nunique().eq(1).all()
 
     locality = pd.read_csv(tmp_path / "results/plots/locality.csv")
     assert list(locality.columns) == [
-        "variant", "model", "colour", "seed", "epoch", "layer", "mean_distance", "entropy", "peak_probability"
-    ]  # fmt: skip
+        "variant",
+        "model",
+        "colour",
+        "seed",
+        "epoch",
+        "layer",
+        "mean_distance",
+        "entropy",
+        "peak_probability",
+    ]
     assert sorted(locality[locality["variant"] == "sa_learned_9"]["epoch"].unique()) == list(range(EPOCHS + 1))
     assert sorted(locality["layer"].unique()) == [1, 2]
     assert locality[locality["variant"] == "sa_generalized_9_pruned"]["epoch"].min() == EPOCHS
@@ -230,9 +287,12 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
     names = sorted(p.name for p in (tmp_path / "results/figures").glob("*.png"))
     per_variant = {
-        "sa_quadratic_9": "contours", "sa_generalized_9": "contours", "sa_generalized_9_pruned": "contours",
-        "sa_learned_9": "attention", "sa_learned_heads2": "attention",
-    }  # fmt: skip
+        "sa_quadratic_9": "contours",
+        "sa_generalized_9": "contours",
+        "sa_generalized_9_pruned": "contours",
+        "sa_learned_9": "attention",
+        "sa_learned_heads2": "attention",
+    }
     assert names == sorted(
         ["fig4_accuracy.png", "locality_distance.png", "fig2_trajectories.png", "theorem1_error_vs_alpha.png"]
         + [f"{kind}_{variant}.png" for variant, kind in per_variant.items()]

@@ -35,9 +35,16 @@ SETTING = {"dataset": "digits", "image_size": 16, "epochs": 4, "widths": {"hidde
 
 def _run(variant: str, seed: int, acc: float, best: float, status: str = "finished", epochs: int = 4) -> dict:
     return {
-        "variant": variant, "seed": seed, "status": status, "test_acc": acc, "best_test_acc": best,
-        "epochs": epochs, "params": 1234, "flops_paper": 5e9, "flops_full": 7e9,
-    }  # fmt: skip
+        "variant": variant,
+        "seed": seed,
+        "status": status,
+        "test_acc": acc,
+        "best_test_acc": best,
+        "epochs": epochs,
+        "params": 1234,
+        "flops_paper": 5e9,
+        "flops_full": 7e9,
+    }
 
 
 RUNS = pd.DataFrame(
