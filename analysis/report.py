@@ -49,9 +49,11 @@ def render_report(
     run_notes: Sequence[str] = (),
     sections: Sequence[Section] = (),
     paper_not_run: Sequence[str] = (),
+    quoted: str = "",
 ) -> str:
     """The report as markdown; its first line states the setting and its scale. ``paper_not_run``: the paper's
-    models this study did not run (named under the table, so a reader knows the comparison is partial)."""
+    models this study did not run (named under the table, so a reader knows the comparison is partial); ``quoted``: a
+    markdown table of public results quoted beside the study, each with its source."""
     lines = [f"{describe_setting(setting)} ({scale_note(setting)}).", ""]
     lines += ["# Reproduction of Cordonnier et al. (ICLR 2020): results", ""]
     lines += ["## Accuracy and size (the paper's Figure 5 / Figure 9, for every variant run)", ""]
@@ -65,6 +67,9 @@ def render_report(
     ]
     if paper_not_run:
         lines += [f"The paper's models not run in this study: {', '.join(paper_not_run)}.", ""]
+    if quoted:
+        lines += ["Quoted from the literature for context (not run here; the source's setting, not this study's):", ""]
+        lines += [quoted.strip(), ""]
     if run_notes:
         lines += ["Runs with something missing:", ""] + [f"- {note}" for note in run_notes] + [""]
     for section in sections:

@@ -35,6 +35,7 @@ from analysis.table import (
     conv_like_table,
     format_conv_like,
     metrics_summary,
+    quoted_table,
     to_markdown,
     write_metrics,
     write_table,
@@ -396,7 +397,11 @@ def _write_plots(layout: Layout, curves: pd.DataFrame, locality: pd.DataFrame, v
 
 def _conv_like_section(conv_like: pd.DataFrame) -> Section:
     shown = format_conv_like(conv_like)
-    body = shown.to_markdown(index=False) if len(shown) else "No self-attention run kept a locality history."
+    body = (
+        shown.to_markdown(index=False, disable_numparse=True)
+        if len(shown)
+        else "No self-attention run kept a locality history."
+    )
     intro = (
         f"Heads per layer whose last measured {CONV_LIKE_RULE}, out of the layer's heads (mean over seeds when "
         "several): the heads that look no further than a small convolution kernel. Per head: `tables/heads.csv`."
@@ -473,7 +478,8 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
         notes.append("no prune manifest yet: the pruned models and Fig. 7's marks wait for the prune stage")
     table_md = to_markdown(table, setting).split("\n", 2)[2]  # without its setting line: the report's first line
     sections = [_conv_like_section(conv_like)]
-    report = render_report(setting, table_md, outputs.figures, outputs.skipped, notes, sections, not_run)
+    quoted = quoted_table().to_markdown(index=False, disable_numparse=True)
+    report = render_report(setting, table_md, outputs.figures, outputs.skipped, notes, sections, not_run, quoted)
     write_text_atomic(layout.report, report)
     outputs.files["report"] = [layout.report]
     log.info("report -> %s", layout.report)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.variants import Variant, describe_variants
+from pipeline.measure.reference import QUOTED_BASELINES, QuotedBaseline
 from pipeline.sweep.manifest import FINISHED  # a trial that trained all its epochs; other labels are no final result
 
 RUN_COLUMNS = [
@@ -234,7 +235,7 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
 
 def to_markdown(table: pd.DataFrame, setting: Mapping[str, Any]) -> str:
     """The setting line first, then the formatted table (GitHub markdown)."""
-    return f"{describe_setting(setting)}\n\n{format_table(table).to_markdown(index=False)}\n"
+    return f"{describe_setting(setting)}\n\n{format_table(table).to_markdown(index=False, disable_numparse=True)}\n"
 
 
 def _latex(shown: pd.DataFrame, caption: str) -> str:
@@ -299,6 +300,12 @@ def format_conv_like(table: pd.DataFrame) -> pd.DataFrame:
     wide = shown.pivot(index="model", columns="layer", values="cell").reindex(list(dict.fromkeys(table["model"])))
     layers = sorted(wide.columns, key=lambda name: int(name.split()[1]))
     return wide[layers].fillna("–").reset_index().rename_axis(columns=None)
+
+
+def quoted_table(baselines: Sequence[QuotedBaseline] = QUOTED_BASELINES) -> pd.DataFrame:
+    """Public results quoted beside the study, as display strings, each labelled with its setting and source."""
+    rows = [[f"{b.label} (quoted)", _pct(b.accuracy), b.epochs, b.setting, b.source] for b in baselines]
+    return pd.DataFrame(rows, columns=["model", "test acc %", "epochs", "setting", "source"])
 
 
 def _json_float(value: float) -> float | None:

@@ -307,6 +307,7 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "The paper's models not run in this study: SA quadratic, 16 heads." in report
     assert "The prune stage cut 3 heads" in report and "Fig. 7: head contours of SA quadratic generalized" in report
     assert "## Convolution-like heads per layer" in report and "| SA learned, 2 heads" in report
+    assert "Quoted from the literature" in report and "ConvMixer-256/8, kernel 5, patch 2 (quoted)" in report
     assert "resnet18 seed 0: trial error" in caplog.text
 
     experiment_id = json.loads((tmp_path / "results/tune/manifest.json").read_text())["experiment_id"]

@@ -22,6 +22,7 @@ from analysis.table import (
     format_conv_like,
     format_table,
     metrics_summary,
+    quoted_table,
     to_latex,
     to_markdown,
     write_metrics,
@@ -214,3 +215,11 @@ def test_convolution_like_heads_are_counted_per_layer_against_the_stated_thresho
         conv_like_table(heads.iloc[:0], VARIANTS).empty
         and format_conv_like(conv_like_table(heads.iloc[:0], VARIANTS)).empty
     )
+
+
+def test_quoted_baselines_say_they_are_quoted_and_where_from() -> None:
+    quoted = quoted_table()
+    assert (quoted["model"].str.endswith("(quoted)")).all() and quoted["source"].str.contains("github.com").all()
+    assert quoted.loc[0, "test acc %"] == "92.60"  # as published: 0.9260 on CIFAR-10 after 25 epochs
+    paper_only = accuracy_table(RUNS[RUNS["variant"] == "resnet18"])
+    assert "| 93.80 " in to_markdown(paper_only, {})  # numbers kept as written (no re-parsing to 93.8)
