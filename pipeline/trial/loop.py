@@ -412,9 +412,13 @@ def run_trial(
             amp_dtype,
         )
         n_train = on_device.train_labels.numel()
-        metrics |= {"test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": seconds}
-        metrics |= {"images_per_s": n_train / seconds, "epoch": trial.epoch}
-        metrics = {key: float(metrics[key]) for key in METRIC_KEYS} | {"epoch": trial.epoch}  # epoch stays an int
+        metrics |= {
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "epoch_time_s": seconds,
+            "images_per_s": n_train / seconds,
+        }
+        metrics = {"epoch": trial.epoch} | {key: float(metrics[key]) for key in METRIC_KEYS[1:]}  # epoch stays an int
         metrics |= _record_locality(trial, on_device)
         trial.metrics_history.append(metrics)
         if (snapshot := head_snapshot(trial.model, trial.epoch)) is not None:
