@@ -1,9 +1,11 @@
-"""The paper's figures (2, 3/7/10, 4/8, 6, Theorem 1) and two beyond it, as matplotlib Figures.
+"""The paper's figures (2, 3/7/10, 4/8, 6, Theorem 1) and those beyond it (locality during training,
+convolution-likeness), as matplotlib Figures for any variant of a study.
 
-Built on ``matplotlib.figure.Figure`` directly: no pyplot, no backend, no global state, safe in workers.
-Shifts are drawn as on the image: column shift to the right, row shift downwards, the query pixel at the origin.
-Colours are colour-blind-safe: Okabe-Ito for models and layers, Paul Tol's 9-colour "muted" for heads (9 heads
-per layer in the paper; beyond 9 the colours repeat with another line style / marker).
+Built on ``matplotlib.figure.Figure`` directly (never pyplot's global figures); seaborn draws onto its axes (lines
+with a min-max band over seeds, annotated heat maps). Shifts are drawn as on the image: column shift to the right,
+row shift downwards, the query pixel at the origin. Variants have their fixed colours (``analysis.palette``), layers
+and heads are numbered from 1 as in every CSV, and every epoch axis is the study's (``analysis.study``: a pruned
+model's fine-tuning follows its source's last epoch).
 """
 
 from __future__ import annotations
@@ -15,26 +17,20 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import seaborn as sns
 from matplotlib.axes import Axes
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 
 from analysis.geometry import gaussian_contour, history_frame
+from analysis.palette import OKABE_ITO, head_style, layer_colours
+from analysis.variants import Variant
 
-OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#0072B2", "#D55E00", "#CC79A7", "#000000", "#F0E442"]
-TOL_MUTED = ["#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499"]
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
-LINESTYLES = ["-", "--", "-.", ":"]
 DPI = 120
-
-
-def _style(index: int) -> tuple[str, str]:
-    """Colour and marker of the index-th model or layer."""
-    return OKABE_ITO[index % len(OKABE_ITO)], MARKERS[(index // len(OKABE_ITO)) % len(MARKERS)]
-
-
-def _head_style(head: int) -> tuple[str, str]:
-    """Colour and line style of head ``head`` (0-based)."""
-    return TOL_MUTED[head % len(TOL_MUTED)], LINESTYLES[(head // len(TOL_MUTED)) % len(LINESTYLES)]
+# matplotlib line styles as seaborn's dash specs (seaborn's ``dashes`` takes "" for solid or on/off lengths).
+SEABORN_DASHES = {"-": "", "--": (4, 2), "-.": (4, 1.5, 1, 1.5), ":": (1, 1.5)}
 
 
 def save(fig: Figure, path: Path | str, dpi: int = DPI) -> Path:
@@ -60,15 +56,9 @@ def _shift_axes(ax: Axes, extent: float) -> None:
     ax.set_yticks(ticks, minor=True)
     ax.grid(True, which="minor", color="0.88", linewidth=0.6)
     ax.grid(True, which="major", color="0.75", linewidth=0.8)
-    ax.add_patch(_query_square())
+    ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, color="black", zorder=5, label="query pixel"))
     ax.set_xlabel("column shift (tokens)")
     ax.set_ylabel("row shift (tokens)")
-
-
-def _query_square() -> Any:
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((-0.5, -0.5), 1, 1, color="black", zorder=5, label="query pixel")
 
 
 def _extent(points: np.ndarray, minimum: float = 3.5) -> float:
@@ -77,23 +67,22 @@ def _extent(points: np.ndarray, minimum: float = 3.5) -> float:
 
 
 def head_trajectories(head_history: Sequence[Mapping[str, Any]], layer: int, title: str | None = None) -> Figure:
-    """Fig. 2: each head's centre during training at one layer; circle = initialisation, star = last epoch."""
+    """Fig. 2: each head's centre during training at layer ``layer`` (from 1); circle = initialisation, star = last
+    epoch."""
     frame = history_frame(head_history)
     frame = frame[frame["layer"] == layer]
-    fig = Figure(figsize=(6.4, 6.0))
+    fig = Figure(figsize=(6.4, 6.0), layout="constrained")
     ax = fig.add_subplot()
     for head, path in frame.sort_values("epoch").groupby("head"):
-        colour, linestyle = _head_style(int(head))
+        colour, linestyle = head_style(int(head))
         xy = path[["centre_col", "centre_row"]].to_numpy()
-        ax.plot(xy[:, 0], xy[:, 1], color=colour, linestyle=linestyle, linewidth=1.8, label=f"head {int(head) + 1}")
+        ax.plot(xy[:, 0], xy[:, 1], color=colour, linestyle=linestyle, linewidth=1.8, label=f"head {int(head)}")
         ax.plot(*xy[0], "o", color=colour, markersize=6, markerfacecolor="white", markeredgewidth=1.5)
         ax.plot(*xy[-1], "*", color=colour, markersize=13, markeredgecolor="black", markeredgewidth=0.5)
     _shift_axes(ax, _extent(frame[["centre_row", "centre_col"]].to_numpy()))
     epochs = f"epochs {frame['epoch'].min()}-{frame['epoch'].max()}" if len(frame) else "no head history"
-    ax.set_title(title or f"Head centres during training, layer {layer + 1} ({epochs})")
+    ax.set_title(title or f"Head centres during training, layer {layer} ({epochs})")
     handles, labels = ax.get_legend_handles_labels()
-    from matplotlib.lines import Line2D
-
     handles += [
         Line2D([], [], marker="o", color="0.3", markerfacecolor="white", linestyle="", label="start (init)"),
         Line2D([], [], marker="*", color="0.3", markersize=11, linestyle="", label="end"),
@@ -113,7 +102,8 @@ def head_contours(
     masses: tuple[float, float] = (0.5, 0.9),
 ) -> Figure:
     """Figs. 3/7/10: per layer, each head's Gaussian as contours holding 50% (solid) and 90% (dotted) of its
-    attention, centre dotted; ``pruned`` (layer, head) pairs (0-based) drawn grey dashed with an x.
+    attention, centre dotted; ``pruned`` heads, as (layer, head) indices into ``geometry`` (from 0), drawn grey
+    dashed with an x.
 
     ``geometry`` is ``model.head_geometry()`` or a head-history snapshot's ``layers``: per layer
     ``{"centres": (H, 2), "sigma_inv": (H, 2, 2)}``. The view is clipped at +-10.5 tokens so that one far head
@@ -134,7 +124,7 @@ def head_contours(
         ax = fig.add_subplot(rows, cols, layer_idx + 1)
         for head, (centre, rings) in enumerate(layer):
             is_pruned = (layer_idx, head) in pruned
-            colour = "0.55" if is_pruned else _head_style(head)[0]
+            colour = "0.55" if is_pruned else head_style(head + 1)[0]
             for ring, style in zip(rings, ("-", ":"), strict=True):
                 if ring is not None:
                     ax.plot(ring[:, 1], ring[:, 0], color=colour, linestyle="--" if is_pruned else style, lw=1.4)
@@ -145,8 +135,6 @@ def head_contours(
             ax.set_ylabel("")
         if layer_idx < len(contours) - cols:
             ax.set_xlabel("")
-    from matplotlib.lines import Line2D
-
     legend = [Line2D([], [], color="0.2", lw=1.4, label=f"{int(100 * masses[0])}% mass")]
     legend.append(Line2D([], [], color="0.2", lw=1.4, linestyle=":", label=f"{int(100 * masses[1])}% mass"))
     legend.append(Line2D([], [], marker="s", color="black", linestyle="", label="query pixel"))
@@ -162,15 +150,19 @@ def attention_maps(
     maps: Sequence[Any], query: tuple[int, int], title: str | None = None, max_heads: int | None = None
 ) -> Figure:
     """Fig. 6: attention probabilities of every head (columns) of every layer (rows) for one query pixel (red
-    square), from ``model.attention_maps(query)``: per layer an (H, rows, cols) array. One colour scale per
-    panel (heads differ by orders of magnitude)."""
+    square), from ``model.attention_maps(query)``: per layer an (H, rows, cols) array.
+
+    One colour scale for every panel, logarithmic, with one colour bar: heads are compared across panels, and a
+    sharp head (a probability near 1 on one pixel) and a broad one (1/N everywhere) differ by orders of magnitude.
+    Probabilities below 1e-3 share the darkest colour.
+    """
     arrays = [_as_numpy(m) for m in maps]
     heads = max((a.shape[0] for a in arrays), default=1)
-    heads = min(heads, max_heads) if max_heads else heads
-    fig = Figure(figsize=(1.4 * heads + 0.6, 1.5 * max(len(arrays), 1) + 0.8))
+    heads = max(1, min(heads, max_heads) if max_heads else heads)
+    fig = Figure(figsize=(1.4 * heads + 1.4, 1.45 * max(len(arrays), 1) + 1.0), layout="constrained")
     axes = fig.subplots(max(len(arrays), 1), heads, squeeze=False)
-    from matplotlib.patches import Rectangle
-
+    norm = LogNorm(vmin=1e-3, vmax=1.0, clip=True)
+    image = None
     for layer_idx, row in enumerate(axes):
         for head, ax in enumerate(row):
             ax.set_xticks([])
@@ -178,53 +170,128 @@ def attention_maps(
             if layer_idx >= len(arrays) or head >= arrays[layer_idx].shape[0]:
                 ax.axis("off")  # a pruned layer has fewer heads
                 continue
-            ax.imshow(arrays[layer_idx][head], cmap="viridis", interpolation="nearest")
+            image = ax.imshow(arrays[layer_idx][head], cmap="viridis", norm=norm, interpolation="nearest")
             ax.add_patch(Rectangle((query[1] - 0.5, query[0] - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.2))
             if layer_idx == 0:
                 ax.set_title(f"head {head + 1}", fontsize=9)
             if head == 0:
                 ax.set_ylabel(f"layer {layer_idx + 1}", fontsize=9)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.8, label="attention probability (log scale, shared)")
     fig.suptitle(title or f"Attention probabilities for query pixel {tuple(query)} (red square)")
     return fig
 
 
+def _variant_lines(
+    ax: Axes, frame: pd.DataFrame, y: str, variants: Sequence[Variant], labels: Mapping[str, str]
+) -> None:
+    """One line per variant (mean over seeds, min-max band when several) in the variant's colour and dash."""
+    shown = [v for v in variants if v.name in set(frame["variant"])]
+    data = frame.assign(label=frame["variant"].map(labels))
+    sns.lineplot(
+        data=data,
+        x="epoch",
+        y=y,
+        hue="label",
+        hue_order=[labels[v.name] for v in shown],
+        palette={labels[v.name]: v.style.colour for v in shown},
+        style="label",
+        style_order=[labels[v.name] for v in shown],
+        dashes={labels[v.name]: SEABORN_DASHES[v.style.dash] for v in shown},
+        estimator="mean",
+        errorbar=("pi", 100),  # the band spans every seed: min to max
+        linewidth=1.8,
+        ax=ax,
+    )
+
+
+def _mark_epochs(ax: Axes, markers: Mapping[str, float]) -> None:
+    """A dotted vertical line with a label at each named epoch (e.g. where a model was pruned)."""
+    for text, epoch in markers.items():
+        ax.axvline(epoch, color="0.5", linestyle=":", linewidth=1)
+        ax.annotate(f" {text}", (epoch, 0.98), xycoords=("data", "axes fraction"), fontsize=8, color="0.4", va="top")
+
+
 def accuracy_curves(
     frame: pd.DataFrame,
-    labels: Mapping[str, str] | None = None,
-    offsets: Mapping[str, float] | None = None,
+    variants: Sequence[Variant],
+    markers: Mapping[str, float] | None = None,
     title: str = "Test accuracy during training",
 ) -> Figure:
-    """Figs. 4/8: test accuracy vs epoch per model, mean over seeds with a min-max band when several.
+    """Figs. 4/8: test accuracy vs epoch per variant, mean over seeds with a min-max band when several.
 
-    ``frame`` columns: variant, seed, epoch, test_acc. ``offsets[variant]`` shifts a variant's epochs, so the
-    pruned model (its epoch 0 is right after pruning) continues its source run: pass the source's last epoch.
+    ``frame`` columns: variant, seed, epoch (the study's axis: a pruned model's epochs already follow its source's),
+    test_acc. ``markers``: label -> epoch drawn as a dotted line (where a model was pruned).
     """
-    labels = labels or {}
-    offsets = offsets or {}
-    fig = Figure(figsize=(9.5, 4.8), layout="constrained")  # the legend sits outside: curves are never hidden
+    n_seeds = frame.groupby("variant")["seed"].nunique() if len(frame) else pd.Series(dtype=int)
+    labels = {v.name: f"{v.label} (n={int(n_seeds.get(v.name, 0))})" for v in variants}
+    fig = Figure(figsize=(10.0, 4.8), layout="constrained")  # the legend sits outside: curves are never hidden
     ax = fig.add_subplot()
-    for index, (variant, runs) in enumerate(frame.groupby("variant", sort=False)):
-        colour, _ = _style(index)
-        by_epoch = runs.assign(epoch=runs["epoch"] + offsets.get(str(variant), 0)).groupby("epoch")["test_acc"]
-        mean = by_epoch.mean()
-        n_seeds = runs["seed"].nunique() if "seed" in runs else 1
-        label = f"{labels.get(str(variant), variant)} (n={n_seeds})"
-        ax.plot(mean.index, 100 * mean.to_numpy(), color=colour, linewidth=1.8, label=label)
-        if n_seeds > 1:
-            ax.fill_between(mean.index, 100 * by_epoch.min(), 100 * by_epoch.max(), color=colour, alpha=0.2, lw=0)
-    for offset in offsets.values():
-        if offset:
-            ax.axvline(offset, color="0.5", linestyle=":", linewidth=1)
-            ax.annotate(" pruning", (offset, 0.98), xycoords=("data", "axes fraction"), fontsize=8, color="0.4",
-                        ha="left", va="top")  # fmt: skip
+    if len(frame):
+        _variant_lines(ax, frame.assign(test_acc=100 * frame["test_acc"]), "test_acc", variants, labels)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    _mark_epochs(ax, markers or {})
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, color="0.9")
-    several_seeds = "seed" in frame and bool(len(frame)) and frame.groupby("variant")["seed"].nunique().gt(1).any()
-    ax.set_title(title + (" (band: min-max over seeds)" if several_seeds else ""))
-    if len(frame):
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    ax.set_title(title + (" (band: min-max over seeds)" if (n_seeds > 1).any() else ""))
     ax.xaxis.get_major_locator().set_params(integer=True)  # epochs are whole numbers
+    return fig
+
+
+def locality_curves(
+    frame: pd.DataFrame,
+    variants: Sequence[Variant],
+    metric: str = "mean_distance",
+    label: str = "mean attention distance (tokens)",
+    threshold: tuple[float, str] | None = None,
+    markers: Mapping[str, Mapping[str, float]] | None = None,
+) -> Figure:
+    """Beyond the paper: one panel per variant, each layer's ``metric`` (the mean over its heads) vs epoch, mean over
+    seeds with a min-max band. ``frame``: variant, seed, epoch (the study's axis), layer (from 1), ``metric``.
+    ``threshold``: (value, text) drawn as a dotted horizontal line in every panel; ``markers``: per variant, label
+    -> epoch (where it was pruned)."""
+    shown = [v for v in variants if v.name in set(frame["variant"])]
+    cols = max(1, min(3, len(shown)))
+    rows = max(1, math.ceil(len(shown) / cols))
+    fig = Figure(figsize=(4.6 * cols + 1.6, 3.4 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True).ravel()  # one epoch axis for all
+    layers = sorted(frame["layer"].unique()) if len(frame) else []
+    palette = dict(zip(layers, layer_colours(len(layers)), strict=True))
+    for ax, variant in zip(axes, shown, strict=False):
+        data = frame[frame["variant"] == variant.name]
+        sns.lineplot(
+            data=data,
+            x="epoch",
+            y=metric,
+            hue="layer",
+            palette=palette,
+            estimator="mean",
+            errorbar=("pi", 100),
+            marker="o",
+            markersize=4,
+            linewidth=1.6,
+            legend=False,
+            ax=ax,
+        )
+        if threshold is not None:
+            ax.axhline(threshold[0], color="0.35", linestyle=":", linewidth=1.2)
+        _mark_epochs(ax, (markers or {}).get(variant.name, {}))
+        ax.set_title(variant.label, fontsize=10, color=variant.style.colour)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.tick_params(labelbottom=True)
+        ax.grid(True, color="0.9")
+    for ax in axes[len(shown) :]:
+        ax.axis("off")
+    handles = [
+        Line2D([], [], color=palette[layer], marker="o", markersize=4, label=f"layer {layer}") for layer in layers
+    ]
+    if threshold is not None:
+        handles.append(Line2D([], [], color="0.35", linestyle=":", label=threshold[1]))
+    fig.legend(handles=handles, loc="outside right upper", frameon=False, fontsize=9)
+    fig.suptitle(f"Locality during training: {label}, each layer's mean over its heads")
     return fig
 
 
@@ -237,7 +304,7 @@ def theorem_error(points: pd.DataFrame | Sequence[tuple[float, float]], title: s
     positive = frame[(frame["error"] > 0) & (frame["alpha"] > 0)]
     fig = Figure(figsize=(6.0, 4.5))
     ax = fig.add_subplot()
-    ax.loglog(positive["alpha"], positive["error"], "o-", color=OKABE_ITO[3], label="max |MHSA - conv|")
+    ax.loglog(positive["alpha"], positive["error"], "o-", color=OKABE_ITO[4], label="max |MHSA - conv|")
     ax.set_xlabel("alpha (attention sharpness)")
     ax.set_ylabel("max |MHSA(X) - Conv(X)|")
     ax.grid(True, which="both", color="0.9")
@@ -248,55 +315,29 @@ def theorem_error(points: pd.DataFrame | Sequence[tuple[float, float]], title: s
     return fig
 
 
-def attention_distance_curves(frame: pd.DataFrame, labels: Mapping[str, str] | None = None) -> Figure:
-    """Beyond the paper: each layer's mean attention distance (tokens) vs epoch, one panel per variant.
-
-    ``frame`` columns: variant, epoch, layer (0-based), mean_attention_distance (``geometry.distance_by_epoch``
-    per run, with a variant column; several seeds are averaged).
-    """
-    labels = labels or {}
-    variants = list(dict.fromkeys(frame["variant"])) if len(frame) else []
-    rows, cols = _grid_of(len(variants))
-    fig = Figure(figsize=(4.6 * cols + 1.4, 3.6 * rows))
-    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
-    for ax, variant in zip(axes, variants, strict=False):
-        runs = frame[frame["variant"] == variant]
-        for layer, curve in runs.groupby("layer"):
-            mean = curve.groupby("epoch")["mean_attention_distance"].mean()
-            colour, marker = _style(int(layer))
-            ax.plot(mean.index, mean.to_numpy(), color=colour, marker=marker, markersize=3, label=f"layer {layer + 1}")
-        ax.set_title(labels.get(variant, variant))
-        ax.set_xlabel("epoch")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.grid(True, color="0.9")
-    for ax in axes[len(variants) :]:
-        ax.axis("off")
-    axes[0].set_ylabel("mean attention distance (tokens)")
-    if variants:
-        handles, names = axes[0].get_legend_handles_labels()
-        fig.legend(handles, names, loc="center right", frameon=False)
-    fig.suptitle("How far each layer looks during training")
-    fig.subplots_adjust(right=1 - 1.2 / fig.get_figwidth(), top=1 - 0.75 / fig.get_figheight(), hspace=0.45)
-    return fig
-
-
 def convolution_likeness(heads: pd.DataFrame, title: str | None = None) -> Figure:
     """Beyond the paper: peak attention probability per (layer, head), annotated; 1 = one fixed shift, i.e. a
-    convolution kernel position (Lemma 1). ``heads`` is ``geometry.heads_frame``: columns layer, head,
-    peak_probability. Pruned-away heads are blank."""
+    convolution kernel position (Lemma 1). ``heads`` is ``geometry.heads_frame`` (layers and heads from 1): columns
+    layer, head, peak_probability. Heads a pruned layer no longer has are blank."""
     grid = heads.pivot_table(index="layer", columns="head", values="peak_probability", aggfunc="mean")
-    values = grid.to_numpy(dtype=float) if grid.size else np.full((1, 1), np.nan)
-    fig = Figure(figsize=(0.75 * values.shape[1] + 2.4, 0.6 * values.shape[0] + 1.6))
+    shape = grid.shape if grid.size else (1, 1)
+    fig = Figure(figsize=(0.75 * shape[1] + 2.8, 0.6 * shape[0] + 1.7), layout="constrained")
     ax = fig.add_subplot()
-    image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-    for (r, c), value in np.ndenumerate(values):
-        if np.isfinite(value):
-            ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=8,
-                    color="black" if value > 0.6 else "white")  # fmt: skip
-    ax.set_xticks(range(values.shape[1]), [str(int(h) + 1) for h in grid.columns] if grid.size else [""])
-    ax.set_yticks(range(values.shape[0]), [str(int(l) + 1) for l in grid.index] if grid.size else [""])
+    sns.heatmap(
+        grid if grid.size else pd.DataFrame([[np.nan]]),
+        vmin=0.0,
+        vmax=1.0,
+        cmap="viridis",
+        annot=True,
+        fmt=".2f",
+        annot_kws={"fontsize": 8},
+        cbar_kws={"label": "peak attention probability"},
+        linewidths=0.5,
+        linecolor="white",
+        ax=ax,
+    )
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    fig.colorbar(image, ax=ax, label="peak attention probability")
+    ax.tick_params(axis="y", rotation=0)
     ax.set_title(title or "How convolution-like each head is (1 = attends to one shift)")
     return fig

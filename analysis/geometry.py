@@ -1,15 +1,16 @@
-"""Where each attention head looks, as numbers: Gaussian contours, attention distance, convolution-likeness.
+"""Where each attention head looks, as numbers: Gaussian contours, head tables, locality per epoch.
 
 Coordinates are ``(row, col)`` shifts ``delta = key - query`` in tokens of the attention grid (one token is
 ``downsample`` pixels of the image wide, so pixels = tokens x downsample). Every probability comes from the
-model's own ``attention_probs`` and every centre / ``Sigma^-1`` from its ``head_geometry``, so the analysis and
-the training code share one definition of each quantity.
+model's own ``attention_probs``, every centre / ``Sigma^-1`` from its ``head_geometry`` and every locality number
+from the definitions the trial measures with (``pipeline.trial.locality``), so the analysis and the training code
+share one definition of each quantity. Frames number layers and heads from 1, as every figure and CSV shows them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from torch import Tensor
 from pipeline.models.attention import MultiHeadSelfAttention
 from pipeline.models.positional import GeneralizedQuadraticEncoding, relative_offsets
 from pipeline.models.sa_net import SelfAttentionNet
+from pipeline.trial.locality import PEAK_MARGIN, head_locality
+from pipeline.trial.report import LOCALITY_METRICS
 
 # Below this precision eigenvalue (1 / token^2) a head is flat along that axis: its contour is wider than
 # 1e4 tokens, so "no finite contour" is the honest answer.
@@ -55,10 +58,6 @@ def gaussian_contour(
     return centre_arr + mahalanobis_radius(mass) * (circle / np.sqrt(eigvals)) @ eigvecs.T
 
 
-def _as_probs(probs: Tensor | np.ndarray) -> Tensor:
-    return torch.as_tensor(probs, dtype=torch.float64).detach().cpu()
-
-
 def query_key_distance(grid: tuple[int, int]) -> Tensor:
     """Euclidean distance in tokens between query and key, (N, N), from the models' own relative offsets."""
     return relative_offsets(*grid).double().norm(dim=-1)
@@ -67,34 +66,17 @@ def query_key_distance(grid: tuple[int, int]) -> Tensor:
 def mean_attention_distance(probs: Tensor | np.ndarray, grid: tuple[int, int], token_size: float = 1.0) -> np.ndarray:
     """Per head, E[||key - query||] under the head's attention, averaged over all queries: (H, N, N) -> (H,).
 
-    The measure ViT papers use for "how far a head looks". Units: tokens of the attention grid times
+    The trial's ``mean_distance`` (``pipeline.trial.locality``). Units: tokens of the attention grid times
     ``token_size`` (pass the model's ``downsample`` to get image pixels).
     """
-    p = _as_probs(probs)  # (H, N, N)
-    per_query = (p * query_key_distance(grid)).sum(-1)  # (H, N)
-    return (per_query.mean(-1) * token_size).numpy()
+    probs = torch.as_tensor(probs, dtype=torch.float64)
+    return (head_locality(probs, grid)["mean_distance"] * token_size).numpy()
 
 
-def interior_queries(grid: tuple[int, int], margin: int) -> Tensor:
-    """Boolean (N,) mask of queries at least ``margin`` tokens from every border (row-major order)."""
-    rows, cols = grid
-    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-    inside = (r >= margin) & (r < rows - margin) & (c >= margin) & (c < cols - margin)
-    return inside.flatten()
-
-
-def peak_probability(probs: Tensor | np.ndarray, grid: tuple[int, int], margin: int = 2) -> np.ndarray:
-    """Per head, the largest attention probability of a query, averaged over interior queries: (H,).
-
-    Lemma 1's convolution-like head attends with probability ~1 to one shift; near the border that shift can
-    fall off the grid, so queries closer than ``margin`` tokens to a border are left out (all queries are used
-    when the grid is too small to have an interior).
-    """
-    p = _as_probs(probs)  # (H, N, N)
-    mask = interior_queries(grid, margin)
-    if not mask.any():
-        mask = torch.ones_like(mask)
-    return p.amax(-1)[:, mask].mean(-1).numpy()
+def peak_probability(probs: Tensor | np.ndarray, grid: tuple[int, int], margin: int = PEAK_MARGIN) -> np.ndarray:
+    """Per head, the largest attention probability of a query, averaged over interior queries: (H,) (the trial's
+    ``peak_probability``: 1 for Lemma 1's convolution-like head)."""
+    return head_locality(torch.as_tensor(probs, dtype=torch.float64), grid, margin)["peak_probability"].numpy()
 
 
 def distance_to_integer_shift(centres: Tensor | np.ndarray) -> np.ndarray:
@@ -120,29 +102,46 @@ def probs_from_geometry(
 
 
 HEADS_COLUMNS = [
-    "layer", "head", "encoding", "centre_row", "centre_col", "sigma_inv_rr", "sigma_inv_rc", "sigma_inv_cc",
-    "eig_min", "eig_max", "mean_attention_distance", "mean_attention_distance_px", "peak_probability",
+    "layer",
+    "head",
+    "encoding",
+    "centre_row",
+    "centre_col",
+    "sigma_inv_rr",
+    "sigma_inv_rc",
+    "sigma_inv_cc",
+    "eig_min",
+    "eig_max",
+    "mean_distance",
+    "mean_distance_px",
+    "entropy",
+    "peak_probability",
     "distance_to_integer_shift",
-]  # fmt: skip
+]
 
 
 @torch.no_grad()
-def heads_frame(model: SelfAttentionNet, margin: int = 2) -> pd.DataFrame:
-    """One row per (layer, head) of ``model``: geometry, attention distance and convolution-likeness.
+def heads_frame(
+    model: SelfAttentionNet, locality: Sequence[Mapping[str, Sequence[float]]] | None = None
+) -> pd.DataFrame:
+    """One row per (layer, head) of ``model``, both numbered from 1: geometry and locality.
 
-    Columns: layer, head (0-based), encoding, centre_row, centre_col, sigma_inv_rr, sigma_inv_rc, sigma_inv_cc,
-    eig_min, eig_max (NaN for the learned encoding), mean_attention_distance (tokens),
-    mean_attention_distance_px (pixels), peak_probability (interior queries, see ``peak_probability``),
-    distance_to_integer_shift (NaN for the learned encoding).
+    Columns: layer, head, encoding, centre_row, centre_col, sigma_inv_rr, sigma_inv_rc, sigma_inv_cc, eig_min,
+    eig_max (NaN for the learned encoding), mean_distance (tokens), mean_distance_px (pixels), entropy (nats),
+    peak_probability (interior queries), distance_to_integer_shift (NaN for the learned encoding).
+    ``locality``: the trial's last measurement (a locality-history snapshot's ``layers``), measured on each layer's
+    real input; without it, the probabilities of position-only attention (the same numbers for this model).
     """
     rows: list[dict[str, Any]] = []
     for layer_idx, layer in enumerate(model.layers):
         attention: MultiHeadSelfAttention = layer.attention
-        probs = attention.attention_probs(model.grid).cpu()  # (H, N, N)
-        distance = mean_attention_distance(probs, model.grid)
-        peak = peak_probability(probs, model.grid, margin)
-        geometry = attention.head_geometry()
         num_heads = attention.num_heads
+        if locality is not None:
+            measured = {name: np.asarray(locality[layer_idx][name], dtype=float) for name in LOCALITY_METRICS}
+        elif num_heads:
+            values = head_locality(attention.attention_probs(model.grid).cpu(), model.grid)
+            measured = {name: values[name].numpy() for name in LOCALITY_METRICS}
+        geometry = attention.head_geometry()
         if geometry is not None:
             centres = geometry["centres"].double().cpu().numpy()  # (H, 2)
             precision = geometry["sigma_inv"].double().cpu().numpy()  # (H, 2, 2)
@@ -156,8 +155,8 @@ def heads_frame(model: SelfAttentionNet, margin: int = 2) -> pd.DataFrame:
         for head in range(num_heads):
             rows.append(
                 {
-                    "layer": layer_idx,
-                    "head": head,
+                    "layer": layer_idx + 1,
+                    "head": head + 1,
                     "encoding": type(attention.encoding).__name__,
                     "centre_row": centres[head, 0],
                     "centre_col": centres[head, 1],
@@ -166,9 +165,10 @@ def heads_frame(model: SelfAttentionNet, margin: int = 2) -> pd.DataFrame:
                     "sigma_inv_cc": precision[head, 1, 1],
                     "eig_min": eigvals[head, 0],
                     "eig_max": eigvals[head, 1],
-                    "mean_attention_distance": float(distance[head]),
-                    "mean_attention_distance_px": float(distance[head]) * model.downsample,
-                    "peak_probability": float(peak[head]),
+                    "mean_distance": float(measured["mean_distance"][head]),
+                    "mean_distance_px": float(measured["mean_distance"][head]) * model.downsample,
+                    "entropy": float(measured["entropy"][head]),
+                    "peak_probability": float(measured["peak_probability"][head]),
                     "distance_to_integer_shift": float(to_integer[head]),
                 }
             )
@@ -177,28 +177,32 @@ def heads_frame(model: SelfAttentionNet, margin: int = 2) -> pd.DataFrame:
 
 def history_frame(head_history: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """A training run's head history (``head_snapshot`` per epoch, epoch 0 = init) as one row per
-    (epoch, layer, head): epoch, layer, head, centre_row, centre_col. Empty (same columns) for no history."""
+    (epoch, layer, head), layers and heads from 1: epoch, layer, head, centre_row, centre_col. Empty (same columns)
+    for no history."""
     rows = [
         {"epoch": int(snap["epoch"]), "layer": layer_idx, "head": head, "centre_row": c[0], "centre_col": c[1]}
         for snap in head_history or []
-        for layer_idx, layer in enumerate(snap.get("layers", []))
-        for head, c in enumerate(layer.get("centres", []))
+        for layer_idx, layer in enumerate(snap.get("layers", []), start=1)
+        for head, c in enumerate(layer.get("centres", []), start=1)
     ]
     return pd.DataFrame(rows, columns=["epoch", "layer", "head", "centre_row", "centre_col"])
 
 
-def distance_by_epoch(
-    head_history: Sequence[dict[str, Any]], grid: tuple[int, int], token_size: float = 1.0
-) -> pd.DataFrame:
-    """Mean attention distance per layer (averaged over its heads) at every epoch of a head history:
-    columns epoch, layer, mean_attention_distance (tokens x ``token_size``). Gaussian encodings only: the
-    learned encoding keeps no history."""
-    rows = []
-    for snap in head_history or []:
-        for layer_idx, layer in enumerate(snap.get("layers", [])):
-            if len(layer.get("centres", [])) == 0:
-                continue
-            probs = probs_from_geometry(layer["centres"], layer["sigma_inv"], grid)
-            distance = mean_attention_distance(probs, grid, token_size)
-            rows.append({"epoch": int(snap["epoch"]), "layer": layer_idx, "mean_attention_distance": distance.mean()})
-    return pd.DataFrame(rows, columns=["epoch", "layer", "mean_attention_distance"])
+LOCALITY_COLUMNS = ["epoch", "layer", "head", *LOCALITY_METRICS]
+
+
+def locality_frame(locality_history: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """A run's locality history (``pipeline.trial.locality``, epoch 0 = before training) as one row per (epoch, layer,
+    head), layers and heads from 1, with the trial's metrics. Empty (same columns) for no history."""
+    rows = [
+        {
+            "epoch": int(snap["epoch"]),
+            "layer": layer_idx,
+            "head": head,
+            **{m: values[m][head - 1] for m in LOCALITY_METRICS},
+        }
+        for snap in locality_history or []
+        for layer_idx, values in enumerate(snap.get("layers", []), start=1)
+        for head in range(1, len(values.get("mean_distance", [])) + 1)
+    ]
+    return pd.DataFrame(rows, columns=LOCALITY_COLUMNS).astype({"epoch": int, "layer": int, "head": int})

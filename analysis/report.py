@@ -1,5 +1,6 @@
-"""``results/report.md``: the setting, the accuracy table, and every figure with one sentence on what it shows and how
-it compares with the paper. Pure text: the numbers and sentences are computed by the caller (``analysis.study``)."""
+"""``results/report.md``: the setting, the accuracy table, further tables, and every figure with one sentence on what
+it shows and how it compares with the paper. Pure text: the numbers and sentences are computed by the caller
+(``analysis.study``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from analysis.table import describe_setting
 
 # The paper's setting (Section 4.1): what "paper scale" means.
 PAPER_SETTING = {"dataset": "cifar10", "image size": "32x32", "epochs": 300, "hidden": 400, "layers": 6}
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled block of markdown of the report (e.g. a table beyond the paper's)."""
+
+    title: str
+    body: str
 
 
 @dataclass(frozen=True)
@@ -38,20 +47,33 @@ def render_report(
     figures: Sequence[FigureEntry],
     skipped: Sequence[str] = (),
     run_notes: Sequence[str] = (),
+    sections: Sequence[Section] = (),
+    paper_not_run: Sequence[str] = (),
+    quoted: str = "",
 ) -> str:
-    """The report as markdown; its first line states the setting and its scale."""
+    """The report as markdown; its first line states the setting and its scale. ``paper_not_run``: the paper's
+    models this study did not run (named under the table, so a reader knows the comparison is partial); ``quoted``: a
+    markdown table of public results quoted beside the study, each with its source."""
     lines = [f"{describe_setting(setting)} ({scale_note(setting)}).", ""]
     lines += ["# Reproduction of Cordonnier et al. (ICLR 2020): results", ""]
-    lines += ["## Accuracy and size (the paper's Figure 5 / Figure 9)", ""]
+    lines += ["## Accuracy and size (the paper's Figure 5 / Figure 9, for every variant run)", ""]
     lines += [
         "Final-epoch test accuracy averaged over seeds (± standard deviation when several); only runs that trained "
-        "all their epochs count. FLOPs are per image, in the paper's convention and in full.",
+        "all their epochs count. FLOPs are per image, in the paper's convention and in full. The paper's figures "
+        "stand beside the models it has; the other rows say so.",
         "",
         table_markdown.strip(),
         "",
     ]
+    if paper_not_run:
+        lines += [f"The paper's models not run in this study: {', '.join(paper_not_run)}.", ""]
+    if quoted:
+        lines += ["Quoted from the literature for context (not run here; the source's setting, not this study's):", ""]
+        lines += [quoted.strip(), ""]
     if run_notes:
         lines += ["Runs with something missing:", ""] + [f"- {note}" for note in run_notes] + [""]
+    for section in sections:
+        lines += [f"## {section.title}", "", section.body.strip(), ""]
     lines += ["## Figures", ""]
     for entry in figures:
         lines += [f"### {entry.title}", "", f"![{entry.title}]({entry.path})", "", entry.sentence, ""]

@@ -22,20 +22,21 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from torch import nn
 
+from analysis.geometry import locality_frame
 from analysis.table import RUN_COLUMNS
+from analysis.variants import PRUNED_SUFFIX
 from pipeline.io import check_tracking_server
 from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.prune.manifest import PruneManifest
 from pipeline.sweep.manifest import COMPLETED, TuneManifest
-from pipeline.trial.checkpoint import load_checkpoint, load_head_history, model_from_payload
-from pipeline.trial.report import CHECKPOINT_FILE
+from pipeline.trial.checkpoint import load_checkpoint, load_head_history, load_locality_history, model_from_payload
+from pipeline.trial.report import CHECKPOINT_FILE, LOCALITY_METRICS
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_ARTIFACT = "checkpoint"  # the folder pipeline.sweep.tracking uploads (checkpoint.pt, head_history.json)
+CHECKPOINT_ARTIFACT = "checkpoint"  # the folder pipeline.sweep.tracking uploads (checkpoint.pt and the histories)
 HISTORY_KEYS = ("test_acc", "train_loss")
 MISSING = "missing"  # status of a run the manifest names but MLflow does not have
-PRUNED_SUFFIX = "_pruned"
 CURVE_COLUMNS = ["variant", "seed", "epoch", "test_acc"]
 
 
@@ -58,15 +59,24 @@ class LoadedRun:
     model: nn.Module | None = None
     image_shape: tuple[int, int, int] | None = None
     head_history: list[dict[str, Any]] = field(default_factory=list)
+    locality_history: list[dict[str, Any]] = field(default_factory=list)  # per head, per epoch (0 = before training)
     n_params: float = math.nan
     flops_paper: float = math.nan
     flops_full: float = math.nan
+    model_config: dict[str, Any] = field(default_factory=dict)  # the checkpoint's
     source_run_id: str | None = None  # pruned: the tune run it came from
-    pruned_heads: set[tuple[int, int]] = field(default_factory=set)  # pruned: (layer, head) cut, 0-based
+    pruned_heads: set[tuple[int, int]] = field(default_factory=set)  # pruned: (layer, head) cut, 0-based indices
 
     @property
     def has_metrics(self) -> bool:
         return math.isfinite(self.test_acc)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The run's model fields, e.g. ``{"arch": "sa", "encoding": ..., "heads": 9, ...}``: its checkpoint's config,
+        and what the run logged (``model.*`` params; all a failed run without a checkpoint has)."""
+        logged = {key.removeprefix("model."): v for key, v in self.params.items() if key.startswith("model.")}
+        return {**self.model_config, **logged}
 
     def note(self, text: str) -> None:
         self.reason = text if self.reason is None else f"{self.reason}; {text}"
@@ -96,7 +106,7 @@ class LoadedStudy:
                 "run_id": r.run_id,
                 "source": r.source,
                 "reason": r.reason or "",
-            }  # fmt: skip
+            }
             for r in self.runs
         ]
         return pd.DataFrame(rows, columns=[*RUN_COLUMNS, "run_id", "source", "reason"])
@@ -113,6 +123,30 @@ class LoadedStudy:
             return pd.DataFrame(columns=CURVE_COLUMNS)
         curves = pd.concat(frames, ignore_index=True)[CURVE_COLUMNS]
         return curves.astype({"seed": int, "epoch": int, "test_acc": float})
+
+    def locality(self) -> pd.DataFrame:
+        """Each layer's locality per epoch, the mean over its heads (what the run logged as
+        ``locality/layer<l>/<metric>``), from the trial's per-head history of the runs that completed: variant, seed,
+        epoch (0: before training; a pruned model's 0 is right after pruning), layer (from 1), the metrics."""
+        frames = [
+            locality_frame(r.locality_history).assign(variant=r.variant, seed=r.seed)
+            for r in self.runs
+            if r.status in COMPLETED and r.locality_history
+        ]
+        columns = ["variant", "seed", "epoch", "layer", *LOCALITY_METRICS]
+        if not frames:
+            return pd.DataFrame(columns=columns)
+        heads = pd.concat(frames, ignore_index=True)
+        keys = ["variant", "seed", "epoch", "layer"]
+        return heads.groupby(keys, as_index=False, sort=False)[list(LOCALITY_METRICS)].mean()[columns]
+
+    def configs(self) -> dict[str, dict[str, Any]]:
+        """Variant -> its model fields (the first run that logged them; ``{}`` when none did), in manifest order."""
+        configs: dict[str, dict[str, Any]] = {}
+        for run in self.runs:
+            if not configs.get(run.variant):
+                configs[run.variant] = run.config
+        return configs
 
     def by_variant(self, variant: str, usable: bool = True) -> list[LoadedRun]:
         """Runs of ``variant``, lowest seed first; ``usable``: only completed ones with a loaded model."""
@@ -166,7 +200,9 @@ def _download_checkpoint(client: MlflowClient, uri: str, record: LoadedRun, cach
     channels, height, width = (int(v) for v in checkpoint["image_shape"])
     record.image_shape = (channels, height, width)
     record.model = model_from_payload(checkpoint)
+    record.model_config = dict(checkpoint["model_config"])
     record.head_history = load_head_history(record.checkpoint_dir)
+    record.locality_history = load_locality_history(record.checkpoint_dir)
     record.n_params = float(count_parameters(record.model))
     flops = count_flops(record.model, record.image_shape)
     record.flops_paper, record.flops_full = float(flops.paper), float(flops.full)
@@ -231,8 +267,13 @@ def load_study(tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path)
                 record.flops_full = float(model.flops_after.get("full", math.nan))
             runs.append(record)
         for skipped in prune.skipped:
-            record = LoadedRun(skipped.get("run_id"), skipped.get("variant", "?") + PRUNED_SUFFIX,
-                               int(skipped.get("seed", -1)), "skipped", "prune")  # fmt: skip
+            record = LoadedRun(
+                skipped.get("run_id"),
+                skipped.get("variant", "?") + PRUNED_SUFFIX,
+                int(skipped.get("seed", -1)),
+                "skipped",
+                "prune",
+            )
             record.note(f"not pruned: {skipped.get('reason', 'no reason given')}")
             runs.append(record)
     for record in runs:

@@ -1,39 +1,61 @@
-"""The paper's accuracy / size table (Figure 5 / Figure 9), ours next to theirs, and the DVC metrics summary.
+"""The report's tables: accuracy and size of every variant (the paper's Figure 5 / Figure 9, ours beside theirs), the
+convolution-like heads per layer, and the DVC metrics summary.
 
-Every row of the paper appears, in the paper's order, whatever the input: a model that was not run, whose seeds
-all failed, or that has no prune manifest yet gets a row that says so instead of an error.
+One row per variant the study ran (``analysis.variants``), in its order; the paper's numbers are a lookup beside the
+rows of the models the paper has, and the other rows say "not in the paper". A variant whose runs all failed, are
+missing or are short of epochs gets a row that says so instead of an error. Markdown is pandas' ``to_markdown``
+(tabulate), LaTeX is ``Styler.to_latex`` (jinja2, booktabs rules); the CSVs keep the numbers, integers as integers.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from pipeline.measure.reference import PAPER_FIGURES
+from analysis.variants import Variant, describe_variants
+from pipeline.measure.reference import QUOTED_BASELINES, QuotedBaseline
 from pipeline.sweep.manifest import FINISHED  # a trial that trained all its epochs; other labels are no final result
 
 RUN_COLUMNS = [
-    "variant", "seed", "status", "test_acc", "best_test_acc", "epochs", "params", "flops_paper", "flops_full",
-]  # fmt: skip
-
-PRUNED = "sa_generalized_9_pruned"
-DEFAULT_MISSING = {PRUNED: "pruned row: no prune manifest yet"}
+    "variant",
+    "seed",
+    "status",
+    "test_acc",
+    "best_test_acc",
+    "epochs",
+    "params",
+    "flops_paper",
+    "flops_full",
+]
+INTEGER_COLUMNS = ["seed", "n", "epochs", "params", "paper_params", "flops_paper", "paper_flops", "flops_full"]
 
 FLOPS_PAPER_LABEL = "paper convention: 2 x MACs of Linear/Conv"
 FLOPS_FULL_LABEL = "full count"
 BEST_LABEL = "best-epoch test acc % (selected on the test set, as the authors did)"
+NOT_IN_PAPER = "not in the paper"
 
 # Formatted column names, in order (numeric table columns are documented in ``accuracy_table``).
 DISPLAY_COLUMNS = [
-    "model", "final-epoch test acc % (mean ± std, n seeds)", BEST_LABEL, "paper test acc %", "params (ours / paper)",
-    f"FLOPs, {FLOPS_PAPER_LABEL} (ours / paper)", f"FLOPs, {FLOPS_FULL_LABEL} (ours)", "note",
-]  # fmt: skip
+    "model",
+    "final-epoch test acc % (mean ± std, n seeds)",
+    BEST_LABEL,
+    "paper test acc %",
+    "params (ours / paper)",
+    f"FLOPs, {FLOPS_PAPER_LABEL} (ours / paper)",
+    f"FLOPs, {FLOPS_FULL_LABEL} (ours)",
+    "note",
+]
+
+# A head is convolution-like when its mean attention distance is at most this many tokens: the reach of a 3x3 kernel,
+# whose farthest (corner) shifts are sqrt(2) ~ 1.41 tokens from the query.
+CONV_LIKE_MAX_DISTANCE = 1.5
+CONV_LIKE_RULE = f"mean attention distance <= {CONV_LIKE_MAX_DISTANCE} tokens (the reach of a 3x3 kernel)"
 
 
 def _complete_columns(runs: pd.DataFrame | None) -> pd.DataFrame:
@@ -45,7 +67,15 @@ def _complete_columns(runs: pd.DataFrame | None) -> pd.DataFrame:
     for column in ("test_acc", "best_test_acc", "epochs", "params", "flops_paper", "flops_full"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
     frame["status"] = frame["status"].map(lambda s: s.lower() if isinstance(s, str) else "")  # NaN/None -> ""
+    frame["variant"] = frame["variant"].astype(str)
     return frame
+
+
+def as_integers(frame: pd.DataFrame, columns: Sequence[str] = INTEGER_COLUMNS) -> pd.DataFrame:
+    """``frame`` with ``columns`` (those it has) as nullable integers, so a CSV writes ``12086844``, not
+    ``12086844.0``, and an empty cell where a value is missing."""
+    present = [c for c in columns if c in frame.columns]
+    return frame.astype({c: "Int64" for c in present}) if present else frame
 
 
 def _first(values: pd.Series) -> float:
@@ -58,8 +88,8 @@ def _std(values: pd.Series) -> float:
     return float(values.std(ddof=1)) if len(values) > 1 else math.nan
 
 
-def _variant_row(variant: str, runs: pd.DataFrame, expected_epochs: int | None, missing: str) -> dict[str, Any]:
-    ref = PAPER_FIGURES[variant]
+def _variant_row(variant: Variant, runs: pd.DataFrame, expected_epochs: int | None) -> dict[str, Any]:
+    paper = variant.paper
     finished = runs[(runs["status"] == FINISHED) & runs["test_acc"].notna()]
     if expected_epochs is not None:
         short = finished["epochs"].notna() & (finished["epochs"] < expected_epochs)
@@ -68,7 +98,7 @@ def _variant_row(variant: str, runs: pd.DataFrame, expected_epochs: int | None, 
         short = pd.Series(dtype=bool)
     notes = []
     if runs.empty:
-        notes.append(missing)
+        notes.append("no run")
     elif finished.empty:
         notes.append("all seeds failed" if (runs["status"] == "error").all() else "no finished seed")
     left_out = len(runs) - len(finished)
@@ -78,45 +108,65 @@ def _variant_row(variant: str, runs: pd.DataFrame, expected_epochs: int | None, 
     if short.any():
         notes.append(f"{int(short.sum())} finished with fewer than {expected_epochs} epochs")
     return {
-        "variant": variant,
-        "model": ref.label,
+        "variant": variant.name,
+        "model": variant.label,
         "n": len(finished),
         "test_acc_mean": float(finished["test_acc"].mean()) if len(finished) else math.nan,
         "test_acc_std": _std(finished["test_acc"]),
         "best_test_acc_mean": float(finished["best_test_acc"].mean()) if len(finished) else math.nan,
         "best_test_acc_std": _std(finished["best_test_acc"].dropna()),
-        "paper_acc": math.nan if ref.accuracy is None else ref.accuracy,
+        "in_paper": paper is not None,
+        "paper_acc": math.nan if paper is None or paper.accuracy is None else paper.accuracy,
         "params": _first(runs["params"]),
-        "paper_params": float(ref.params),
+        "paper_params": math.nan if paper is None else float(paper.params),
         "flops_paper": _first(runs["flops_paper"]),
-        "paper_flops": math.nan if ref.flops is None else float(ref.flops),
+        "paper_flops": math.nan if paper is None or paper.flops is None else float(paper.flops),
         "flops_full": _first(runs["flops_full"]),
         "note": "; ".join(notes),
     }
 
 
+def variants_of(runs: pd.DataFrame | None) -> list[Variant]:
+    """The variants of ``runs`` when no better description is at hand: the paper's labels, else their names."""
+    names = [] if runs is None or "variant" not in runs else list(dict.fromkeys(runs["variant"].astype(str)))
+    return describe_variants({name: {} for name in names})
+
+
 def accuracy_table(
-    runs: pd.DataFrame | None,
-    expected_epochs: int | None = None,
-    missing_notes: Mapping[str, str] | None = None,
+    runs: pd.DataFrame | None, variants: Sequence[Variant] | None = None, expected_epochs: int | None = None
 ) -> pd.DataFrame:
-    """One row per model of the paper, in its order, from one row per run.
+    """One row per variant (``variants``, default: every variant of ``runs``), in that order, from one row per run.
 
     ``runs`` columns (missing ones count as NaN): variant, seed, status (the sweep's label; only ``finished``
     runs with a test_acc count), test_acc (final epoch), best_test_acc, epochs (completed), params, flops_paper,
-    flops_full. Runs of unknown variants are ignored. Runs with fewer than ``expected_epochs`` are left out.
-    ``missing_notes`` overrides the note of a variant without runs (default "not run").
+    flops_full. Runs with fewer than ``expected_epochs`` are left out.
 
-    Returns numeric columns: variant, model, n, test_acc_mean, test_acc_std, best_test_acc_mean,
-    best_test_acc_std, paper_acc, params, paper_params, flops_paper, paper_flops, flops_full, note.
+    Returns columns: variant, model (display name), n, test_acc_mean, test_acc_std, best_test_acc_mean,
+    best_test_acc_std, in_paper, paper_acc, params, paper_params, flops_paper, paper_flops, flops_full, note; the
+    paper's columns are NaN for a model the paper does not have (or a figure it does not give).
     """
     frame = _complete_columns(runs)
-    notes = {**DEFAULT_MISSING, **(missing_notes or {})}
-    rows = [
-        _variant_row(variant, frame[frame["variant"] == variant], expected_epochs, notes.get(variant, "not run"))
-        for variant in PAPER_FIGURES
-    ]
-    return pd.DataFrame(rows)
+    variants = variants_of(frame) if variants is None else variants
+    return pd.DataFrame(
+        [_variant_row(v, frame[frame["variant"] == v.name], expected_epochs) for v in variants],
+        columns=[
+            "variant",
+            "model",
+            "n",
+            "test_acc_mean",
+            "test_acc_std",
+            "best_test_acc_mean",
+            "best_test_acc_std",
+            "in_paper",
+            "paper_acc",
+            "params",
+            "paper_params",
+            "flops_paper",
+            "paper_flops",
+            "flops_full",
+            "note",
+        ],
+    )
 
 
 def describe_setting(setting: Mapping[str, Any]) -> str:
@@ -157,19 +207,25 @@ def _si(value: float) -> str:
     return f"{value:.4g}"
 
 
+def _beside(ours: str, paper: str, in_paper: bool) -> str:
+    return f"{ours} / {paper}" if in_paper else ours
+
+
 def format_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The numeric table as display strings (accuracies in %, params exact, FLOPs with k/M/G); missing: "–"."""
+    """The numeric table as display strings (accuracies in %, params exact, FLOPs with k/M/G), the paper's figures
+    beside ours for the paper's models and "not in the paper" for the others; a missing number is "–"."""
     rows = []
     for row in table.to_dict("records"):
-        n = int(row["n"])
+        n, in_paper = int(row["n"]), bool(row["in_paper"])
+        paper_acc = _pct(row["paper_acc"]) if math.isfinite(row["paper_acc"]) else "not given"
         rows.append(
             [
                 row["model"],
                 _pct(row["test_acc_mean"], row["test_acc_std"], n) if n else "–",
                 _pct(row["best_test_acc_mean"], row["best_test_acc_std"], n) if n else "–",
-                _pct(row["paper_acc"]),
-                f"{_exact(row['params'])} / {_exact(row['paper_params'])}",
-                f"{_si(row['flops_paper'])} / {_si(row['paper_flops'])}",
+                paper_acc if in_paper else NOT_IN_PAPER,
+                _beside(_exact(row["params"]), _exact(row["paper_params"]), in_paper),
+                _beside(_si(row["flops_paper"]), _si(row["paper_flops"]), in_paper),
                 _si(row["flops_full"]),
                 row["note"],
             ]
@@ -177,45 +233,23 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)
 
 
-def _md_cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
 def to_markdown(table: pd.DataFrame, setting: Mapping[str, Any]) -> str:
-    """The setting line first, then the formatted table (GitHub markdown, no extra dependency)."""
-    shown = format_table(table)
-    lines = [describe_setting(setting), ""]
-    lines.append("| " + " | ".join(_md_cell(c) for c in shown.columns) + " |")
-    lines.append("|" + "|".join("---" for _ in shown.columns) + "|")
-    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in shown.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
+    """The setting line first, then the formatted table (GitHub markdown)."""
+    return f"{describe_setting(setting)}\n\n{format_table(table).to_markdown(index=False, disable_numparse=True)}\n"
 
 
-_LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_"}
-_LATEX_ESCAPES |= {"{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-_LATEX_ESCAPES |= {"±": r"$\pm$", "–": "--"}
-
-
-def _tex(value: Any) -> str:
-    return "".join(_LATEX_ESCAPES.get(ch, ch) for ch in str(value))
+def _latex(shown: pd.DataFrame, caption: str) -> str:
+    """A booktabs tabular of display strings, every cell and header escaped for LaTeX."""
+    styler = shown.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+    caption = pd.DataFrame([[caption]]).style.format(escape="latex").to_string(delimiter="\t").split("\t")[-1].strip()
+    return styler.to_latex(
+        hrules=True, caption=caption, position="t", position_float="centering", column_format="l" * shown.shape[1]
+    )
 
 
 def to_latex(table: pd.DataFrame, setting: Mapping[str, Any]) -> str:
-    """A booktabs tabular with the setting as a comment and caption (written by hand: no jinja2 needed)."""
-    shown = format_table(table)
-    lines = [
-        f"% {describe_setting(setting)}",
-        r"\begin{table}[t]",
-        r"\centering",
-        rf"\caption{{{_tex(describe_setting(setting))}}}",
-        r"\begin{tabular}{" + "l" * len(shown.columns) + "}",
-        r"\toprule",
-        " & ".join(_tex(c) for c in shown.columns) + r" \\",
-        r"\midrule",
-    ]
-    lines += [" & ".join(_tex(v) for v in row) + r" \\" for row in shown.itertuples(index=False)]
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
-    return "\n".join(lines) + "\n"
+    """A booktabs table with the setting as a comment and as the caption (``Styler.to_latex``)."""
+    return f"% {describe_setting(setting)}\n{_latex(format_table(table), describe_setting(setting))}"
 
 
 def write_table(table: pd.DataFrame, setting: Mapping[str, Any], stem: Path | str) -> list[Path]:
@@ -224,9 +258,54 @@ def write_table(table: pd.DataFrame, setting: Mapping[str, Any], stem: Path | st
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_suffix(".tex")]
     paths[0].write_text(to_markdown(table, setting), encoding="utf-8")
-    table.to_csv(paths[1], index=False)
+    as_integers(table).to_csv(paths[1], index=False)
     paths[2].write_text(to_latex(table, setting), encoding="utf-8")
     return paths
+
+
+def conv_like_table(heads: pd.DataFrame, variants: Sequence[Variant]) -> pd.DataFrame:
+    """Per variant and layer, how many heads are convolution-like (``CONV_LIKE_RULE``), from each head's last
+    measured locality: variant, model, layer, heads (in the layer), conv_like (mean over seeds), n (seeds).
+
+    ``heads``: one row per run, layer and head with columns variant, seed, layer, head, mean_distance.
+    """
+    columns = ["variant", "model", "layer", "heads", "conv_like", "n"]
+    if heads.empty:
+        return pd.DataFrame(columns=columns)
+    per_run = (
+        heads.assign(conv_like=heads["mean_distance"] <= CONV_LIKE_MAX_DISTANCE)
+        .groupby(["variant", "seed", "layer"], as_index=False)
+        .agg(heads=("head", "size"), conv_like=("conv_like", "sum"))
+    )
+    counts = per_run.groupby(["variant", "layer"], as_index=False).agg(
+        heads=("heads", "max"), conv_like=("conv_like", "mean"), n=("seed", "nunique")
+    )
+    labels = {v.name: v.label for v in variants}
+    rows = [counts[counts["variant"] == v.name].assign(model=labels[v.name]) for v in variants]
+    rows = [r for r in rows if len(r)]
+    return pd.concat(rows, ignore_index=True)[columns] if rows else pd.DataFrame(columns=columns)
+
+
+def format_conv_like(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per variant, one column per layer: ``k / H`` convolution-like heads of the layer's H (a mean over
+    seeds when several, with n)."""
+    if table.empty:
+        return pd.DataFrame(columns=["model"])
+
+    def cell(row: pd.Series) -> str:
+        count = f"{row['conv_like']:.0f}" if float(row["conv_like"]).is_integer() else f"{row['conv_like']:.1f}"
+        return f"{count} / {int(row['heads'])}" + (f" (n={int(row['n'])})" if row["n"] > 1 else "")
+
+    shown = table.assign(cell=table.apply(cell, axis=1), layer=table["layer"].map(lambda layer: f"layer {layer}"))
+    wide = shown.pivot(index="model", columns="layer", values="cell").reindex(list(dict.fromkeys(table["model"])))
+    layers = sorted(wide.columns, key=lambda name: int(name.split()[1]))
+    return wide[layers].fillna("–").reset_index().rename_axis(columns=None)
+
+
+def quoted_table(baselines: Sequence[QuotedBaseline] = QUOTED_BASELINES) -> pd.DataFrame:
+    """Public results quoted beside the study, as display strings, each labelled with its setting and source."""
+    rows = [[f"{b.label} (quoted)", _pct(b.accuracy), b.epochs, b.setting, b.source] for b in baselines]
+    return pd.DataFrame(rows, columns=["model", "test acc %", "epochs", "setting", "source"])
 
 
 def _json_float(value: float) -> float | None:
@@ -237,10 +316,12 @@ def _json_int(value: float) -> int | None:
     return int(value) if math.isfinite(value) else None
 
 
-def metrics_summary(runs: pd.DataFrame | None, expected_epochs: int | None = None) -> dict[str, dict[str, Any]]:
-    """Per variant of the paper: final test_acc mean / std / n, params and FLOPs, JSON-ready (NaN -> null), for
-    ``dvc metrics show``. Same counting rules as ``accuracy_table``."""
-    table = accuracy_table(runs, expected_epochs)
+def metrics_summary(
+    runs: pd.DataFrame | None, variants: Sequence[Variant] | None = None, expected_epochs: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per variant: final test_acc mean / std / n, params and FLOPs, JSON-ready (NaN -> null), for
+    ``dvc metrics show``. Same rows and counting rules as ``accuracy_table``."""
+    table = accuracy_table(runs, variants, expected_epochs)
     return {
         row["variant"]: {
             "test_acc_mean": _json_float(row["test_acc_mean"]),

@@ -8,6 +8,7 @@ take the narrowest section they need (``ModelConfig``, ``TrainConfig``), never t
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
@@ -112,22 +113,139 @@ class TrainConfig(_Section):
     seed: Seed = 0
 
 
+# A variant's name becomes a file name (figures), an MLflow run and registered-model name and a DVC metrics key.
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _first_problem(err: ValidationError) -> str:
+    """``.field: message`` of a ModelConfig validation error: the key relative to where the caller validates."""
+    problem = err.errors()[0]
+    key = ".".join(str(part) for part in problem["loc"])
+    return f".{key}: {problem['msg'].removeprefix('Value error, ')}"
+
+
 class VariantConfig(_Section):
-    """A named model of the sweep: the fields that differ from the shared ``model`` section."""
+    """A named model of the sweep: its ``arch`` and the ``model`` fields that differ from the shared ``model`` section,
+    e.g. ``{arch: sa, encoding: learned, heads: 4, hidden: 64}``.
+
+    Any field of ``ModelConfig`` may be set, so a study varies widths, depth or local attention as easily as the paper's
+    encodings and head counts. The fields are kept as written (pydantic's ``model_extra``) and checked against
+    ``ModelConfig`` here, so a misspelt field or a bad value fails naming ``variants.<name>.<field>``; ``apply``
+    validates the merged model once more. ``ModelConfig`` stays the one declaration of what a model field is.
+    """
+
+    model_config = ConfigDict(**{**_Section.model_config, "extra": "allow"})
 
     arch: Literal["sa", "resnet18"]
-    encoding: EncodingName | None = None
-    heads: PositiveInt | None = None
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The model fields this variant sets, ``arch`` first."""
+        return {"arch": self.arch, **(self.model_extra or {})}
 
     def apply(self, base: ModelConfig) -> ModelConfig:
         """``base`` (the shared ``model`` section) with this variant's fields."""
-        return base.model_copy(update=self.model_dump(exclude_none=True))
+        return ModelConfig.model_validate({**base.model_dump(), **self.fields})
 
     @model_validator(mode="after")
-    def _sa_needs_encoding(self) -> VariantConfig:
-        if self.arch == "sa" and self.encoding is None:
+    def _model_fields(self) -> VariantConfig:
+        unknown = sorted(set(self.model_extra or {}) - set(ModelConfig.model_fields))
+        if unknown:
+            raise ValueError(f".{unknown[0]}: not a model field; valid: {', '.join(ModelConfig.model_fields)}")
+        try:
+            ModelConfig.model_validate(self.fields)
+        except ValidationError as err:
+            raise ValueError(_first_problem(err)) from None
+        if self.arch == "sa" and "encoding" not in (self.model_extra or {}):
             raise ValueError("an 'sa' variant needs an encoding")
         return self
+
+
+class GridConfig(_Section):
+    """Axes over model fields whose product is a set of named variants (``grid.<name>`` in params.yaml).
+
+    ``axes`` maps a ``ModelConfig`` field to the values it takes; every other key is a model field shared by the
+    grid's variants (``arch`` is required, as for a variant). The variants are the product of the axes in the order
+    written, first axis outermost, and are named ``<grid>_<part>_<part>...``: a string value as it is
+    (``quadratic``), any other value after its field (``heads4``, ``hidden64``): readable, and stable when an axis
+    gains a value. ``name`` replaces that pattern with a template over the axes (``"sa_{encoding}_{heads}"``).
+    """
+
+    model_config = ConfigDict(**{**_Section.model_config, "extra": "allow"})
+
+    axes: dict[str, list[Any]]
+    name: str | None = None
+
+    @field_validator("axes")
+    @classmethod
+    def _axes_of_model_fields(cls, axes: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        if not axes:
+            raise ValueError("at least one axis is required, e.g. {heads: [4, 9]}")
+        for field, values in axes.items():
+            if field not in ModelConfig.model_fields:
+                raise ValueError(f".{field}: not a model field; valid: {', '.join(ModelConfig.model_fields)}")
+            if not values:
+                raise ValueError(f".{field}: at least one value is required")
+            if repeated := [v for i, v in enumerate(values) if v in values[:i]]:
+                raise ValueError(f".{field}: listed more than once: {repeated}")
+            for value in values:
+                try:
+                    ModelConfig.model_validate({field: value})
+                except ValidationError as err:
+                    raise ValueError(f".{field}: value {value!r}: {err.errors()[0]['msg']}") from None
+        return axes
+
+    @model_validator(mode="after")
+    def _fixed_model_fields(self) -> GridConfig:
+        fixed = self.model_extra or {}
+        if both := sorted(set(fixed) & set(self.axes)):
+            raise ValueError(f".{both[0]}: set both as an axis and as a fixed field of the grid")
+        if unknown := sorted(set(fixed) - set(ModelConfig.model_fields)):
+            raise ValueError(f".{unknown[0]}: not a model field; valid: {', '.join(ModelConfig.model_fields)}")
+        try:
+            ModelConfig.model_validate(fixed)
+        except ValidationError as err:
+            raise ValueError(_first_problem(err)) from None
+        return self
+
+    def expand(self, grid: str) -> dict[str, VariantConfig]:
+        """The grid's variants by name. Raises ``ValueError`` with a message relative to ``grid.<grid>``."""
+        fixed = dict(self.model_extra or {})
+        if "arch" not in fixed and "arch" not in self.axes:
+            raise ValueError(".arch: required (sa or resnet18), as a fixed field or an axis")
+        variants: dict[str, VariantConfig] = {}
+        fields = list(self.axes)
+        for values in itertools.product(*self.axes.values()):
+            point = dict(zip(fields, values, strict=True))
+            name = self._name(grid, point)
+            if name in variants:
+                raise ValueError(f".name: {name!r} names two variants of the grid; use every axis in the template")
+            try:
+                variants[name] = VariantConfig.model_validate({**fixed, **point})
+            except ValidationError as err:
+                message = err.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ValueError(f": variant {name!r} ({point}): {message.lstrip('.')}") from None
+        return variants
+
+    def _name(self, grid: str, point: dict[str, Any]) -> str:
+        if self.name is None:
+            parts = [value if isinstance(value, str) else f"{field}{_token(value)}" for field, value in point.items()]
+            name = "_".join([grid, *parts])
+        else:
+            try:
+                name = self.name.format(grid=grid, **point)
+            except (KeyError, IndexError, ValueError) as err:
+                raise ValueError(
+                    f".name: {self.name!r} is not a template over the axes {list(point)} ({err})"
+                ) from None
+        if not VARIANT_NAME.match(name):
+            raise ValueError(f".name: {name!r} is not a usable variant name (letters, digits, '_', '-', '.')")
+        return name
+
+
+def _token(value: Any) -> str:
+    """A non-string axis value in a variant name: ``4``, ``0.1``, ``1e-06``, ``True``, ``None``."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 class Resources(_Section):
@@ -180,13 +298,17 @@ class SweepConfig(_Section):
             return path
         parts = urlsplit(path)
         if parts.scheme not in FILE_SYSTEM_SCHEMES:
-            raise ValueError(f"{path!r}: {parts.scheme}:// is not a file system pyarrow opens; give a path or a URI "
-                             f"with one of {', '.join(FILE_SYSTEM_SCHEMES)}")  # fmt: skip
+            raise ValueError(
+                f"{path!r}: {parts.scheme}:// is not a file system pyarrow opens; give a path or a URI "
+                f"with one of {', '.join(FILE_SYSTEM_SCHEMES)}"
+            )
         if parts.password or (parts.username and parts.scheme in ("s3", "gs", "gcs")):
-            raise ValueError(f"{parts.scheme}://...: credentials do not belong in the URI (it is recorded in MLflow "
-                             "and the manifests); give them through the environment of every node "
-                             "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, an instance role, "
-                             "GOOGLE_APPLICATION_CREDENTIALS)")  # fmt: skip
+            raise ValueError(
+                f"{parts.scheme}://...: credentials do not belong in the URI (it is recorded in MLflow "
+                "and the manifests); give them through the environment of every node "
+                "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, an instance role, "
+                "GOOGLE_APPLICATION_CREDENTIALS)"
+            )
         if not (parts.netloc if parts.scheme != "file" else parts.path.startswith("/")):
             raise ValueError(f"{path!r}: name the bucket (or host), e.g. s3://bucket/ray, or file:///absolute/path")
         return path
@@ -264,28 +386,75 @@ class Params(_Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
-    variants: dict[str, VariantConfig] = Field(default_factory=lambda: dict(PAPER_VARIANTS))
-    sweep: SweepConfig = SweepConfig()
+    # Declared before ``variants`` and ``sweep``: their validators read the validated grids (``info.data``).
+    grid: dict[str, GridConfig] = Field(default_factory=dict)
+    # Every variant: the ones written out and each grid's, expanded (a grid is shorthand for writing them out).
+    variants: dict[str, VariantConfig] = Field(default_factory=lambda: dict(PAPER_VARIANTS), validate_default=True)
+    sweep: SweepConfig = Field(default_factory=SweepConfig, validate_default=True)
     prune: PruneConfig = PruneConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    @field_validator("grid")
+    @classmethod
+    def _grid_names(cls, grids: dict[str, GridConfig]) -> dict[str, GridConfig]:
+        for name, grid in grids.items():
+            if not VARIANT_NAME.match(name):
+                raise ValueError(f".{name}: not a usable grid name (letters, digits, '_', '-', '.')")
+            try:
+                grid.expand(name)
+            except ValueError as err:
+                raise ValueError(f".{name}{err}") from None
+        return grids
+
+    @field_validator("variants")
+    @classmethod
+    def _with_grid_variants(cls, variants: dict[str, VariantConfig], info: ValidationInfo) -> dict[str, VariantConfig]:
+        """The written variants, then each grid's. A grid's variant may also be written out only with the same fields:
+        that is what a dumped and re-read ``Params`` holds (the trial rebuilds its config that way)."""
+        for name in variants:
+            if not VARIANT_NAME.match(name):
+                raise ValueError(f".{name}: not a usable variant name (letters, digits, '_', '-', '.')")
+        grids: dict[str, GridConfig] = info.data.get("grid", {})  # absent when the grid itself is invalid
+        merged = dict(variants)
+        for grid_name, grid in grids.items():
+            if grid_name in variants:
+                raise ValueError(f".{grid_name}: also the name of grid.{grid_name}; a name means one thing")
+            for name, variant in grid.expand(grid_name).items():
+                if merged.setdefault(name, variant) != variant:
+                    raise ValueError(f".{name}: also a variant of grid.{grid_name}, with other fields")
+        return merged
+
+    @field_validator("sweep")
+    @classmethod
+    def _grids_expanded(cls, sweep: SweepConfig, info: ValidationInfo) -> SweepConfig:
+        """``sweep.variants`` may name a grid: it stands for the grid's variants, in the grid's order."""
+        grids: dict[str, GridConfig] = info.data.get("grid", {})
+        if not any(name in grids for name in sweep.variants):
+            return sweep
+        expanded = [v for name in sweep.variants for v in (grids[name].expand(name) if name in grids else [name])]
+        if repeated := sorted({v for v in expanded if expanded.count(v) > 1}):
+            raise ValueError(f".variants: {repeated} listed more than once (by name and by its grid)")
+        return sweep.model_copy(update={"variants": expanded})
 
     @model_validator(mode="after")
     def _sweep_names_known(self) -> Params:
         for name in self.sweep.variants:
             if name not in self.variants:
-                raise ValueError(f"sweep.variants: unknown variant {name!r}; defined: {sorted(self.variants)}")
+                known = f"defined: {sorted(self.variants)}" + (f", grids: {sorted(self.grid)}" if self.grid else "")
+                raise ValueError(f"sweep.variants: unknown variant {name!r}; {known}")
         for name in self.prune.variants or []:
-            variant = self.variants.get(name)
-            if name not in self.sweep.variants or variant is None:
+            if name not in self.sweep.variants or name not in self.variants:
                 raise ValueError(f"prune.variants: {name!r} is not a variant of the sweep ({self.sweep.variants})")
-            if variant.arch != "sa" or variant.encoding not in GAUSSIAN_ENCODINGS:
+            model = self.model_for(name)
+            if model.arch != "sa" or model.encoding not in GAUSSIAN_ENCODINGS:
                 what = (
                     "ResNet18 has no attention heads"
-                    if variant.arch != "sa"
-                    else (f"its {variant.encoding!r} encoding has no covariance to prune by")
+                    if model.arch != "sa"
+                    else (f"its {model.encoding!r} encoding has no covariance to prune by")
                 )
-                raise ValueError(f"prune.variants: cannot prune {name!r}: {what}; prunable encodings: "
-                                 f"{sorted(GAUSSIAN_ENCODINGS)}")  # fmt: skip
+                raise ValueError(
+                    f"prune.variants: cannot prune {name!r}: {what}; prunable encodings: {sorted(GAUSSIAN_ENCODINGS)}"
+                )
         if self.train.device == "cuda" and self.sweep.resources.gpu == 0:
             raise ValueError("train.device: 'cuda' needs sweep.resources.gpu > 0 (a trial gets only the GPUs it asks)")
         asha = self.sweep.asha
@@ -294,19 +463,24 @@ class Params(_Section):
                 f"sweep.asha.grace_period: {asha.grace_period} is more than train.epochs ({self.train.epochs}); "
                 "ASHA needs to compare trials before their end"
             )
-        attention = [name for name in self.sweep.variants if self.variants[name].arch == "sa"]
-        if attention and self.data.image_size % self.model.downsample:
-            raise ValueError(
-                f"data.image_size: {self.data.image_size} is not divisible by model.downsample "
-                f"({self.model.downsample}), which the attention variants {attention} need"
-            )
+        for downsample in sorted({self.model_for(name).downsample for name in self.attention_variants()}):
+            if self.data.image_size % downsample:
+                needing = [name for name in self.attention_variants() if self.model_for(name).downsample == downsample]
+                raise ValueError(
+                    f"data.image_size: {self.data.image_size} is not divisible by model.downsample "
+                    f"({downsample}), which the attention variants {needing} need"
+                )
         return self
 
     def prune_variants(self) -> list[str]:
         """The sweep variants the prune stage prunes: ``prune.variants``, else the generalized-quadratic ones."""
         if self.prune.variants is not None:
             return list(self.prune.variants)
-        return [v for v in self.sweep.variants if self.variants[v].encoding == "generalized_quadratic"]
+        return [v for v in self.attention_variants() if self.model_for(v).encoding == "generalized_quadratic"]
+
+    def attention_variants(self) -> list[str]:
+        """The sweep's self-attention variants, in sweep order."""
+        return [v for v in self.sweep.variants if self.variants[v].arch == "sa"]
 
     def model_for(self, variant: str) -> ModelConfig:
         """The shared ``model`` section with the named variant's fields applied."""
@@ -322,6 +496,9 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see params.yaml for the valid keys)"
+        if message.startswith("."):  # a validator naming a key below its own: ".heads: ..." -> variants.x.heads: ...
+            relative, _, message = message[1:].partition(": ")
+            key = f"{key}.{relative}" if key else relative
         # Cross-field validators already name their dotted key at the start of the message.
         lines.append(f"  {message}" if not key or message.startswith(f"{key}.") else f"  {key}: {message}")
     return "\n".join(lines)

@@ -1,18 +1,21 @@
 """Tables, figures and a report from the runs the tune (and prune) manifests name, fetched from MLflow.
 
 Reads:  params.yaml section data (the setting the report states); results/tune/manifest.json (stages.tune);
-        results/prune/manifest.json when present (stages.prune; without it the pruned row says so). Every run is
-        fetched by id from the manifest's MLflow tracking URI and its checkpoint/ artifact downloaded through
-        MLflow, so this runs anywhere the MLflow server answers (never from the manifests' local checkpoint paths).
-Writes: results/tables/accuracy.{md,csv,tex}   the paper's Figure 5 / 9 table, ours next to theirs
+        results/prune/manifest.json when present (stages.prune; without it the report says the pruned models wait).
+        Every run is fetched by id from the manifest's MLflow tracking URI and its checkpoint/ artifact downloaded
+        through MLflow, so this runs anywhere the MLflow server answers (never from the manifests' local paths).
+Writes (one row, entry, series and figures per variant the manifests name, the paper's or not; docs/study.md):
+        results/tables/accuracy.{md,csv,tex}   every variant's accuracy and size, the paper's figures beside its models
         results/tables/runs.csv                 one row per run (with why a run is left out)
-        results/tables/heads.csv                per run, layer and head: geometry, attention distance, peak prob.
-        results/figures/*.png                   Figs. 2, 3, 4/8, 6, 7, 10, Theorem 1, attention distance,
-                                                convolution-likeness (a figure whose model was not run is skipped)
+        results/tables/heads.csv                per run, layer and head: geometry and last measured locality
+        results/tables/conv_like_heads.csv      per variant and layer: heads within a 3x3 kernel's reach
+        results/figures/*.png                   Figs. 2, 4/8, Theorem 1, locality per layer during training, and per
+                                                self-attention variant its contours or attention maps (Figs. 3, 6, 7,
+                                                10 for the paper's) and convolution-likeness
         results/analysis/metrics.json           per variant: final accuracy, params, FLOPs (`dvc metrics show`)
-        results/plots/accuracy.csv              variant, seed, epoch, test_acc (`dvc plots show`)
-        results/plots/attention_distance.csv    variant, epoch, layer, mean_attention_distance
-        results/report.md                       the setting, the table, every figure with a sentence
+        results/plots/accuracy.csv              variant, model, colour, seed, epoch, test_acc (`dvc plots show`)
+        results/plots/locality.csv              ..., layer, mean_distance, entropy, peak_probability
+        results/report.md                       the setting, the tables, every figure with a sentence
 Side effect: one MLflow run named `analysis` in the sweep's experiment holding these files as artifacts, tagged
 with the tune (and prune) parent run ids; re-running on the same inputs reuses it, on new inputs replaces it.
 """

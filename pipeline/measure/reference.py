@@ -26,3 +26,28 @@ PAPER_FIGURES: dict[str, PaperFigure] = {
     "sa_learned_9": PaperFigure("SA learned", 0.918, 12_278_682, 6_175_956_800),
     "sa_quadratic_16": PaperFigure("SA quadratic, 16 heads", None, 18_806_970, 9_616_596_800),
 }
+
+
+@dataclass(frozen=True)
+class QuotedBaseline:
+    """A public CIFAR-10 result quoted for context beside the study (never run by this project), with its source."""
+
+    label: str
+    accuracy: float
+    epochs: int
+    setting: str
+    source: str
+
+
+# Each number checked against its primary source (the authors' own publication of it), quoted as published.
+QUOTED_BASELINES = (
+    QuotedBaseline(
+        "ConvMixer-256/8, kernel 5, patch 2",
+        0.9260,
+        25,
+        "CIFAR-10 test set; one run of the authors' training script (AdamW, linear warm-up and decay, RandAugment), "
+        "the final epoch of the log they publish (they state 'around 92.5%')",
+        "Trockman & Kolter, 'Patches Are All You Need?': README of github.com/locuslab/convmixer-cifar10 "
+        "(commit 2d3d9b7)",
+    ),
+)

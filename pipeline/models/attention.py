@@ -8,7 +8,11 @@ them back. Block h of that weight is the per-head ``W(h) = W_val(h) W_out[block 
 makes the convolution construction of Theorem 1 exact (see ``conv_to_attention.py``).
 
 Because the scores depend on positions only, the (H, N, N) attention probabilities are computed once per forward
-pass and applied to the whole batch as one matmul, never once per image.
+pass and applied to the whole batch as one matmul, never once per image. ``probs_for(x, grid)`` is the one question
+every user of the probabilities asks, the forward pass and the locality measured in the trial
+(``pipeline.trial.locality``): "which probabilities does this layer apply to this input?". Here the answer ignores
+``x``; an attention that reads the content (content + position, as in ConViT's gated heads) overrides
+``probs_for`` to return per-image (B, H, N, N) probabilities, and runs and is measured correctly without other changes.
 
 A layer may have **no heads** (pruned to zero, App. A.1): ``value`` is then ``Linear(0, out_dim)`` and the layer
 returns its bias at every token, exactly what the layer computed when all its heads' value columns were zero.
@@ -57,6 +61,11 @@ class MultiHeadSelfAttention(nn.Module):
             scores = self.encoding.scores(grid)  # (H, N, N), in the encoding's parameter dtype
             return scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1)
 
+    def probs_for(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        """The probabilities this layer applies to input ``x`` (B, N, D): (H, N, N), the same for every image,
+        because the scores depend on positions only. A subclass whose scores read the content returns (B, H, N, N)."""
+        return self.attention_probs(grid)
+
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         B, N, D = x.shape  # noqa: N806 (paper's symbols)
         H = self.num_heads  # noqa: N806
@@ -64,12 +73,14 @@ class MultiHeadSelfAttention(nn.Module):
         assert D == self.in_dim, f"expected {self.in_dim} features, got {D}"
         if H == 0:
             return self.headless(x)
-        probs = self.attention_dropout(self.attention_probs(grid)).to(x.dtype)  # (H, N, N)
-        # One (H*N, N) @ (N, B*D) matmul for the whole batch: every image shares the same probabilities.
-        values = x.transpose(0, 1).reshape(N, B * D)  # (N, B*D)
-        mixed = (probs.reshape(H * N, N) @ values).view(H, N, B, D)  # (H, N, B, D)
-        heads = mixed.permute(2, 1, 0, 3).reshape(B, N, H * D)  # (B, N, H*D), head-major blocks
-        return self.value(heads)  # (B, N, out_dim)
+        probs = self.attention_dropout(self.probs_for(x, grid)).to(x.dtype)  # (H, N, N), or (B, H, N, N)
+        if probs.dim() == 3:
+            # One (H*N, N) @ (N, B*D) matmul for the whole batch: every image shares the same probabilities.
+            values = x.transpose(0, 1).reshape(N, B * D)  # (N, B*D)
+            mixed = (probs.reshape(H * N, N) @ values).view(H, N, B, D).permute(2, 1, 0, 3)  # (B, N, H, D)
+        else:  # probabilities of each image (an attention that reads the content)
+            mixed = (probs @ x[:, None]).transpose(1, 2)  # (B, H, N, N) @ (B, 1, N, D) -> (B, N, H, D)
+        return self.value(mixed.reshape(B, N, H * D))  # (B, N, H*D), head-major blocks -> (B, N, out_dim)
 
     def headless(self, x: Tensor) -> Tensor:
         """The output of a layer without heads: ``value`` of zero features, i.e. its bias at every token.

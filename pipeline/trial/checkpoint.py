@@ -1,8 +1,10 @@
 """The checkpoint of a trial: its format, writing and loading, the model it holds, and the RNG state it carries.
 
 A checkpoint directory holds ``checkpoint.pt`` (weights, optimiser, schedule, epoch, every RNG state, the model and
-train configs, heads per layer, metrics so far, image shape and class count) and, for Gaussian heads,
-``head_history.json`` (each head's centre and ``Sigma^-1`` per epoch, epoch 0 = initialisation). Everything in
+train configs, heads per layer, metrics so far, image shape and class count), for every self-attention model
+``locality_history.json`` (each head's mean distance, entropy and peak probability per epoch, epoch 0 = before
+training: ``pipeline.trial.locality``) and, for Gaussian heads, ``head_history.json`` (each head's centre and
+``Sigma^-1`` per epoch). Everything in
 ``checkpoint.pt`` is a tensor or plain data, so it loads with ``torch.load(weights_only=True)``: opening a checkpoint
 never runs pickled code. Prune and analysis read checkpoints through this module without the training loop.
 """
@@ -23,7 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.config import ModelConfig, TrainConfig
 from pipeline.models import build_model
-from pipeline.trial.report import CHECKPOINT_FILE, HEAD_HISTORY_FILE
+from pipeline.trial.report import CHECKPOINT_FILE, HEAD_HISTORY_FILE, LOCALITY_HISTORY_FILE
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class Trial:
     epoch: int = 0  # completed epochs
     metrics_history: list[dict[str, float]] = field(default_factory=list)
     head_history: list[dict[str, Any]] = field(default_factory=list)
+    locality_history: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.runner is None:
@@ -80,7 +83,8 @@ def heads_of(model: nn.Module) -> list[int] | None:
 def write_checkpoint(
     directory: Path, trial: Trial, model_cfg: ModelConfig, train_cfg: TrainConfig, data_info: dict[str, Any]
 ) -> None:
-    """``checkpoint.pt`` (loads with ``weights_only=True``) and, for Gaussian heads, ``head_history.json``."""
+    """``checkpoint.pt`` (loads with ``weights_only=True``), the histories the trial keeps: ``locality_history.json``
+    (self-attention models) and ``head_history.json`` (Gaussian heads)."""
     device = next(trial.model.parameters()).device
     payload = {
         "model": trial.model.state_dict(),
@@ -97,6 +101,8 @@ def write_checkpoint(
     torch.save(payload, directory / CHECKPOINT_FILE)
     if trial.head_history:
         (directory / HEAD_HISTORY_FILE).write_text(json.dumps(trial.head_history))
+    if trial.locality_history:
+        (directory / LOCALITY_HISTORY_FILE).write_text(json.dumps(trial.locality_history))
 
 
 class CorruptCheckpointError(ValueError):
@@ -128,6 +134,13 @@ def checkpoint_loads(checkpoint_dir: Path) -> bool:
 def load_head_history(checkpoint_dir: Path) -> list[dict[str, Any]]:
     """Per-epoch head geometry recorded so far; empty for models without Gaussian heads."""
     path = Path(checkpoint_dir) / HEAD_HISTORY_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def load_locality_history(checkpoint_dir: Path) -> list[dict[str, Any]]:
+    """Per-epoch locality of every head recorded so far (``{"epoch", "layers": [{metric: [per head]}]}``); empty for
+    models without attention."""
+    path = Path(checkpoint_dir) / LOCALITY_HISTORY_FILE
     return json.loads(path.read_text()) if path.is_file() else []
 
 

@@ -39,11 +39,13 @@ from pipeline.trial.checkpoint import (
     head_snapshot,
     load_checkpoint,
     load_head_history,
+    load_locality_history,
     restore_rng,
     rng_state,
     write_checkpoint,
 )
 from pipeline.trial.device import autocast, autocast_dtype, device_tags, resolve_device, synchronize
+from pipeline.trial.locality import LOCALITY_BATCH, layer_summary, measure_locality
 from pipeline.trial.report import METRIC_KEYS
 
 if TYPE_CHECKING:
@@ -143,6 +145,10 @@ class DeviceData:
 
     def normalise(self, images: Tensor) -> Tensor:  # float (B, C, H, W) in [0, 1] -> standardised
         return (images - self.mean) / self.std
+
+    def locality_batch(self) -> Tensor:
+        """The fixed batch locality is measured on: the first ``LOCALITY_BATCH`` test images, normalised."""
+        return self.normalise(self.test_images[:LOCALITY_BATCH].float().div(255))  # (B, C, H, W)
 
 
 def augment_batch(images: Tensor, padding: int, generator: torch.Generator, *, hflip: bool = True) -> Tensor:
@@ -323,9 +329,20 @@ def _check_resumable(checkpoint: dict, model_cfg: ModelConfig, train_cfg: TrainC
 def _log_epoch(metrics: dict[str, float], epochs: int) -> None:
     log.info(
         "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  lr %.5f  %.1f s  %.0f img/s",
-        metrics["epoch"], epochs, metrics["train_loss"], metrics["train_acc"], metrics["test_loss"],
-        metrics["test_acc"], metrics["lr"], metrics["epoch_time_s"], metrics["images_per_s"],
-    )  # fmt: skip
+        *(metrics[key] for key in ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr")),
+        metrics["epoch_time_s"],
+        metrics["images_per_s"],
+    )
+
+
+def _record_locality(trial: Trial, data: DeviceData) -> dict[str, float]:
+    """Measure every head's locality now (``pipeline.trial.locality``), keep it in the trial's history and return the
+    per-layer summary for the epoch's report (empty for a model without attention)."""
+    per_layer = measure_locality(trial.model, data.locality_batch())  # the eager model: hooks see its layers
+    if per_layer is None:
+        return {}
+    trial.locality_history.append({"epoch": trial.epoch, "layers": per_layer})
+    return layer_summary(per_layer)
 
 
 def run_trial(
@@ -351,8 +368,9 @@ def run_trial(
     ``train_acc`` average the epoch's training batches (dropout and augmentation on); ``test_*`` come from one
     evaluation in eval mode after the epoch; ``lr`` is the rate of the epoch's last optimiser step;
     ``epoch_time_s`` times the training pass alone (no evaluation, no checkpoint) and ``images_per_s`` is the
-    number of training images over it. Returns the final epoch's metrics (the resumed checkpoint's when
-    nothing was left to train).
+    number of training images over it. A self-attention model adds ``locality/layer<l>/<metric>`` (each layer's
+    mean over its heads, ``pipeline.trial.locality``; per head in the checkpoint's locality history). Returns the
+    final epoch's metrics (the resumed checkpoint's when nothing was left to train).
     """
     if resume_from is not None and init_from is not None:
         raise ValueError("pass resume_from (continue a run) or init_from (start a new one), not both")
@@ -363,11 +381,14 @@ def run_trial(
         _check_resumable(resume, model_cfg, train_cfg)
     init = load_checkpoint(init_from) if init_from is not None else None
     trial = _start(model_cfg, train_cfg, data, device, resume=resume, init=init, heads_per_layer=heads_per_layer)
+    on_device = DeviceData.from_prepared(data, device)
     if resume_from is not None:
         trial.head_history = load_head_history(resume_from)
-    elif (snapshot := head_snapshot(trial.model, 0)) is not None:
-        trial.head_history = [snapshot]
-    on_device = DeviceData.from_prepared(data, device)
+        trial.locality_history = load_locality_history(resume_from)
+    else:
+        if (snapshot := head_snapshot(trial.model, 0)) is not None:
+            trial.head_history = [snapshot]
+        _record_locality(trial, on_device)  # epoch 0: before training (a pruned model: right after pruning)
     data_info = {"image_shape": list(data.image_shape), "num_classes": data.num_classes}
     log.info("trial on %s; epochs %d..%d", device_tags(train_cfg), trial.epoch + 1, train_cfg.epochs)
     if train_cfg.compile:
@@ -391,11 +412,14 @@ def run_trial(
             amp_dtype,
         )
         n_train = on_device.train_labels.numel()
-        metrics = {
-            "epoch": trial.epoch, **metrics, "test_loss": test_loss, "test_acc": test_acc,
-            "epoch_time_s": seconds, "images_per_s": n_train / seconds,
-        }  # fmt: skip
-        metrics = {key: float(metrics[key]) for key in METRIC_KEYS} | {"epoch": trial.epoch}  # epoch stays an int
+        metrics |= {
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "epoch_time_s": seconds,
+            "images_per_s": n_train / seconds,
+        }
+        metrics = {"epoch": trial.epoch} | {key: float(metrics[key]) for key in METRIC_KEYS[1:]}  # epoch stays an int
+        metrics |= _record_locality(trial, on_device)
         trial.metrics_history.append(metrics)
         if (snapshot := head_snapshot(trial.model, trial.epoch)) is not None:
             trial.head_history.append(snapshot)

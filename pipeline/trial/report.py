@@ -7,9 +7,29 @@ metrics to MLflow and finds these files in a trial's checkpoint, without importi
 from __future__ import annotations
 
 # Every epoch's report, in order. ``epoch`` counts completed epochs (an int, from 1) and is the MLflow step.
-METRIC_KEYS = (
-    "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s",
-)  # fmt: skip
+METRIC_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s")
+# A self-attention model's report also holds, per layer, the mean over its heads of each locality metric
+# (``pipeline.trial.locality``), as ``locality/layer<l>/<metric>`` with layers from 1: MLflow's UI groups the
+# ``locality/`` charts together.
+LOCALITY_PREFIX = "locality/"
+LOCALITY_METRICS = ("mean_distance", "entropy", "peak_probability")
+
+
+def locality_key(layer: int, metric: str) -> str:
+    """``locality/layer<layer>/<metric>``; ``layer`` counts from 1."""
+    return f"{LOCALITY_PREFIX}layer{layer}/{metric}"
+
+
+def epoch_metrics(report: dict[str, float]) -> dict[str, float]:
+    """The values of an epoch's report (or a checkpoint's ``metrics_history`` entry) that are MLflow metrics: the
+    training metrics and the locality metrics, without ``epoch`` (the step) or Ray's keys."""
+    return {
+        key: float(value)
+        for key, value in report.items()
+        if (key in METRIC_KEYS and key != "epoch") or key.startswith(LOCALITY_PREFIX)
+    }
+
+
 # For Tune's progress table only (not an MLflow metric): seconds left for this trial at its last epoch's pace.
 ETA_KEY = "eta_s"
 # Where the trial runs (node, device, precision), reported under this key and logged as run tags.
@@ -17,6 +37,8 @@ WHERE_KEY = "trial_tags"
 
 CHECKPOINT_FILE = "checkpoint.pt"
 HEAD_HISTORY_FILE = "head_history.json"
+# Every self-attention model's per-head locality per epoch (epoch 0 = before training): ``pipeline.trial.locality``.
+LOCALITY_HISTORY_FILE = "locality_history.json"
 # In the trial's storage folder: the failure a retry cannot fix, so a retried or restored trial re-raises it at once.
 UNRETRYABLE_FILE = "unretryable_failure.json"
 

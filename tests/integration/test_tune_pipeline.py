@@ -36,11 +36,20 @@ def swept(project: Project) -> dict:
     done = project.dvc("repro")
     manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
     metrics = project.dvc("metrics", "show").stdout
+    results = project.path / "results"
+    # The analysis' outputs as this repro left them: later tests re-run the pipeline on other variants (the tables
+    # have a row per variant run, so a sweep of ResNet18 alone has no SA row).
+    analysis = {
+        "report": (results / "report.md").read_text(),
+        "table": (results / "tables/accuracy.md").read_text(),
+        "figures": sorted(p.name for p in (results / "figures").glob("*.png")),
+    }
     return {
         "output": done.stdout + done.stderr,
         "manifest": manifest,
         "metrics_shown": metrics,
         "seconds": time.monotonic() - started,
+        **analysis,
     }
 
 
@@ -76,13 +85,15 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
             assert tags.get(key), key
         assert tags["tune.retries"] == "1" and tags["tune.status"] == "finished"
         assert run.data.params["train.epochs"] == "2" and run.data.params["model.hidden"] == "16"
-        for key in ("test_acc", "train_loss", "images_per_s"):
+        locality = [key for key in run.data.metrics if key.startswith("locality/")]  # every layer, every metric
+        assert len(locality) == (3 if tags["variant"] == "sa_quadratic_9" else 0), locality  # 1 layer x 3 metrics
+        for key in ("test_acc", "train_loss", "images_per_s", *locality):
             steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
             assert steps == [1, 2], (key, steps)  # the retry continued at epoch 2, nothing logged twice
         artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")]
         assert "checkpoint/checkpoint.pt" in artifacts
         if tags["variant"] == "sa_quadratic_9":
-            assert "checkpoint/head_history.json" in artifacts
+            assert {"checkpoint/head_history.json", "checkpoint/locality_history.json"} <= set(artifacts)
         assert tags["mlflow.source.git.commit"] == parent.data.tags["mlflow.source.git.commit"]  # MLflow's context
         assert tags["mlflow.user"] and tags["mlflow.source.name"].endswith("stages/tune.py")
         (dataset,) = run.inputs.dataset_inputs  # the prepared data, by its content hash
@@ -247,8 +258,10 @@ def test_interrupted_sweep_restores(
     assert after.keys() == before.keys()  # the same runs continued, no duplicates
     for run in after.values():
         assert run.info.status == "FINISHED"
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "test_acc")]
-        assert sorted(steps) == list(range(1, epochs + 1)), steps  # each epoch logged once
+        locality = ["locality/layer1/mean_distance"] if run.data.tags["variant"] == "sa_quadratic_9" else []
+        for key in ("test_acc", *locality):
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            assert sorted(steps) == list(range(1, epochs + 1)), (key, steps)  # each epoch logged once
     assert client.get_run(record["parent_run_id"]).info.status == "FINISHED"
 
 
@@ -306,11 +319,11 @@ def test_local_ray_talks_over_loopback_only(ray_address: str) -> None:
 
 def test_repro_ends_with_the_report(swept: dict, project: Project, tmp_path: Path) -> None:
     """The whole pipeline ran: the analysis stage wrote the report, the table, the figures and DVC's plots."""
-    report = (project.path / "results/report.md").read_text()
+    report = swept["report"]
     assert report.startswith("Setting: dataset: digits") and "smoke scale" in report.splitlines()[0]
-    table = (project.path / "results/tables/accuracy.md").read_text()
+    table = swept["table"]
     assert "SA quadratic" in table and "ResNet18" in table
-    figures = sorted(p.name for p in (project.path / "results/figures").glob("*.png"))
+    figures = swept["figures"]
     assert "fig4_accuracy.png" in figures and "theorem1_error_vs_alpha.png" in figures
     assert all(f"figures/{name}" in report for name in figures)
     assert "Running stage 'analyze'" in swept["output"] and "Running stage 'prune'" in swept["output"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,18 +50,13 @@ from pipeline.sweep.tracking.tags import (
     context_tags,
 )
 from pipeline.trial.checkpoint import checkpoint_loads, load_checkpoint
-from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError
+from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError, epoch_metrics
 
 log = logging.getLogger(__name__)
 
-# Keys of run_trial's per-epoch report that become MLflow metrics (``epoch`` is the step, not a metric).
+# Keys of run_trial's per-epoch report that every run has as MLflow metrics (``epoch`` is the step, not a metric); a
+# self-attention trial's report adds its locality/layer<l>/<metric> values (``report.epoch_metrics`` selects both).
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
-
-
-def epoch_metrics(report: Mapping[str, Any]) -> dict[str, float]:
-    """The MLflow metrics of one epoch's report (a trial's result, or an entry of its checkpoint's history): the one
-    place that chooses which reported keys a run charts per epoch."""
-    return {key: float(report[key]) for key in EPOCH_METRICS if key in report}
 
 
 @dataclass(frozen=True)
@@ -344,7 +339,7 @@ class MlflowTrialCallback(Callback):
                 self.buffer.log_batch(run_id, tags=where)
             return
         now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(result).items()]
+        metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(result).items()]  # locality/... too
         self.buffer.log_batch(run_id, metrics=metrics, tags=where)
         self.epochs_logged += 1
 

@@ -12,11 +12,13 @@ from matplotlib.figure import Figure
 from matplotlib.image import imread
 
 from analysis import figures
-from analysis.geometry import distance_by_epoch, heads_frame
+from analysis.geometry import heads_frame, locality_frame
+from analysis.variants import describe_variants
 from pipeline.config import PAPER_VARIANTS, ModelConfig
 from pipeline.models import build_model
 from pipeline.models.conv_to_attention import theorem_error_vs_alpha
 from pipeline.trial.checkpoint import head_snapshot
+from pipeline.trial.locality import measure_locality
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -52,7 +54,7 @@ def _check_png(fig: Figure, path: Path, min_size: tuple[int, int] = (300, 250)) 
 
 
 def test_head_trajectories(tmp_path: Path) -> None:
-    fig = figures.head_trajectories(_history(_model("sa_quadratic_9")), layer=1)
+    fig = figures.head_trajectories(_history(_model("sa_quadratic_9")), layer=2)
     assert "layer 2" in fig.axes[0].get_title() and "epochs 0-2" in fig.axes[0].get_title()
     assert len(fig.axes[0].get_legend().get_texts()) == 9 + 3  # heads, query pixel, start, end
     _check_png(fig, tmp_path / "fig2.png")
@@ -78,24 +80,29 @@ def test_head_contours_of_a_flat_head_skip_its_contour(tmp_path: Path) -> None:
 def test_attention_maps_of_the_learned_encoding(tmp_path: Path) -> None:
     model = _model("sa_learned_9")
     fig = figures.attention_maps(model.attention_maps((3, 4)), (3, 4))
-    assert len(fig.axes) == 3 * 9
+    images = [image for ax in fig.axes for image in ax.get_images()]
+    assert len(images) == 3 * 9 and len(fig.axes) == 3 * 9 + 1  # the panels and one colour bar
+    assert len({id(image.norm) for image in images}) == 1  # one shared colour scale
     assert "(3, 4)" in fig._suptitle.get_text()
     _check_png(fig, tmp_path / "fig6.png")
 
 
-def test_accuracy_curves_continue_the_pruned_model(tmp_path: Path) -> None:
+def test_accuracy_curves_draw_each_variant_in_its_colour_on_the_studys_axis(tmp_path: Path) -> None:
     rows = [
         {"variant": v, "seed": s, "epoch": e, "test_acc": 0.5 + 0.01 * e + 0.01 * s}
-        for v in ("sa_quadratic_9", "sa_generalized_9")
+        for v in ("sa_quadratic_9", "sa_generalized_9", "sa_learned_heads2")
         for s in range(2)
         for e in range(1, 11)
     ]
-    rows += [{"variant": "sa_generalized_9_pruned", "seed": 0, "epoch": e, "test_acc": 0.6} for e in range(1, 4)]
-    fig = figures.accuracy_curves(pd.DataFrame(rows), offsets={"sa_generalized_9_pruned": 10})
-    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
-    pruned = lines["sa_generalized_9_pruned (n=1)"]
-    assert list(pruned.get_xdata()) == [11, 12, 13]
-    np.testing.assert_allclose(lines["sa_quadratic_9 (n=2)"].get_ydata()[0], 100 * 0.515)  # mean over seeds
+    rows += [{"variant": "sa_generalized_9_pruned", "seed": 0, "epoch": e, "test_acc": 0.6} for e in range(10, 13)]
+    variants = describe_variants({name: {} for name in dict.fromkeys(r["variant"] for r in rows)})
+    fig = figures.accuracy_curves(pd.DataFrame(rows), variants, markers={"pruning": 10})
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == [f"{v.label} (n={2 if 'pruned' not in v.name else 1})" for v in variants]
+    pruned = next(ln for ln in fig.axes[0].get_lines() if list(ln.get_xdata()) == [10, 11, 12])
+    assert pruned.get_color() == next(v.style.colour for v in variants if v.name == "sa_generalized_9_pruned")
+    quadratic = next(ln for ln in fig.axes[0].get_lines() if ln.get_color() == variants[0].style.colour)
+    np.testing.assert_allclose(quadratic.get_ydata()[0], 100 * 0.515)  # mean over seeds
     assert "band" in fig.axes[0].get_title()
     _check_png(fig, tmp_path / "fig4.png")
 
@@ -109,14 +116,19 @@ def test_theorem_error(tmp_path: Path) -> None:
     _check_png(fig, tmp_path / "theorem1.png")
 
 
-def test_attention_distance_curves(tmp_path: Path) -> None:
+def test_locality_curves(tmp_path: Path) -> None:
     frames = []
-    for variant in ("sa_quadratic_9", "sa_generalized_9"):
+    for variant in ("sa_quadratic_9", "sa_learned_9"):
         model = _model(variant)
-        frames.append(distance_by_epoch(_history(model), model.grid).assign(variant=variant))
-    fig = figures.attention_distance_curves(pd.concat(frames), labels={"sa_quadratic_9": "SA quadratic"})
-    assert fig.axes[0].get_title() == "SA quadratic" and len(fig.axes[0].get_lines()) == 3
-    _check_png(fig, tmp_path / "distance.png")
+        history = [{"epoch": e, "layers": measure_locality(model, torch.randn(2, 3, 16, 16))} for e in range(3)]
+        per_head = locality_frame(history).assign(variant=variant, seed=0)
+        frames.append(per_head.groupby(["variant", "seed", "epoch", "layer"], as_index=False)["mean_distance"].mean())
+    variants = describe_variants({"sa_quadratic_9": {}, "sa_learned_9": {}})
+    fig = figures.locality_curves(pd.concat(frames), variants, threshold=(1.5, "convolution-like"))
+    assert fig.axes[0].get_title() == "SA quadratic" and fig.axes[1].get_title() == "SA learned"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["layer 1", "layer 2", "layer 3", "convolution-like"]
+    _check_png(fig, tmp_path / "locality.png")
 
 
 @pytest.mark.parametrize("variant", ["sa_quadratic_9", "sa_learned_9"])

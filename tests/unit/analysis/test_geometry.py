@@ -10,11 +10,11 @@ import torch
 
 from analysis.geometry import (
     HEADS_COLUMNS,
-    distance_by_epoch,
     distance_to_integer_shift,
     gaussian_contour,
     heads_frame,
     history_frame,
+    locality_frame,
     mahalanobis_radius,
     mean_attention_distance,
     peak_probability,
@@ -24,6 +24,7 @@ from pipeline.config import PAPER_VARIANTS, ModelConfig
 from pipeline.models import build_model
 from pipeline.models.positional import relative_offsets
 from pipeline.trial.checkpoint import head_snapshot
+from pipeline.trial.locality import measure_locality
 
 SIGMA = np.array([[4.0, 1.2], [1.2, 1.0]])  # a tilted, anisotropic covariance
 CENTRE = np.array([1.5, -2.0])
@@ -117,15 +118,21 @@ def test_heads_frame_of_a_real_model(variant: str) -> None:
     assert list(frame.columns) == HEADS_COLUMNS
     assert len(frame) == 3 * 9  # the variant sets 9 heads per layer
     assert frame[["layer", "head"]].drop_duplicates().shape[0] == 27
+    assert frame["layer"].tolist()[::9] == [1, 2, 3] and frame["head"].tolist()[:9] == list(range(1, 10))
     assert frame["peak_probability"].between(0, 1).all()
-    assert (frame["mean_attention_distance_px"] == 2 * frame["mean_attention_distance"]).all()
+    assert (frame["mean_distance_px"] == 2 * frame["mean_distance"]).all()
     if variant == "sa_learned_9":
         assert frame["centre_row"].isna().all() and frame["distance_to_integer_shift"].isna().all()
     else:
         centres = model.head_geometry()[1]["centres"]
-        layer1 = frame[frame["layer"] == 1]
-        np.testing.assert_allclose(layer1[["centre_row", "centre_col"]].to_numpy(), centres.numpy(), rtol=1e-6)
+        layer2 = frame[frame["layer"] == 2]
+        np.testing.assert_allclose(layer2[["centre_row", "centre_col"]].to_numpy(), centres.numpy(), rtol=1e-6)
         assert (frame["eig_min"] <= frame["eig_max"]).all()
+    # The trial's own measurement, when given, is what the frame shows (here the same numbers: position-only).
+    measured = measure_locality(model, torch.randn(2, 3, 16, 16))
+    given = heads_frame(model, measured)
+    np.testing.assert_allclose(given["entropy"], frame["entropy"], rtol=1e-9)
+    assert given.loc[10, "mean_distance"] == measured[1]["mean_distance"][1]
 
 
 def test_pruned_model_frame_has_one_row_per_remaining_head() -> None:
@@ -140,11 +147,13 @@ def test_history_frames() -> None:
     model = build_model(cfg, image_size=8)
     history = [head_snapshot(model, 0), head_snapshot(model, 1)]
     frame = history_frame(history)
-    assert len(frame) == 2 * 2 * 9 and set(frame["epoch"]) == {0, 1}
-    distance = distance_by_epoch(history, model.grid)
-    assert len(distance) == 2 * 2
-    expected = mean_attention_distance(model.layers[1].attention.attention_probs(model.grid), model.grid).mean()
-    assert distance.query("epoch == 1 and layer == 1")["mean_attention_distance"].item() == pytest.approx(
-        expected, rel=1e-5
-    )
-    assert history_frame([]).empty and distance_by_epoch([], model.grid).empty
+    assert len(frame) == 2 * 2 * 9 and set(frame["epoch"]) == {0, 1} and set(frame["layer"]) == {1, 2}
+    assert history_frame([]).empty
+    images = torch.randn(2, 3, 8, 8)
+    locality = [{"epoch": e, "layers": measure_locality(model, images)} for e in (0, 1)]
+    rows = locality_frame(locality)
+    assert len(rows) == 2 * 2 * 9 and rows["head"].min() == 1 and rows["layer"].max() == 2
+    expected = mean_attention_distance(model.layers[1].attention.attention_probs(model.grid), model.grid)
+    layer2 = rows.query("epoch == 1 and layer == 2")["mean_distance"].to_numpy()
+    np.testing.assert_allclose(layer2, expected, rtol=1e-12)
+    assert locality_frame([]).empty

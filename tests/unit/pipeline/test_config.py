@@ -71,6 +71,68 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
         ({"train": {"lr": 1e400}}, "train.lr", "finite number"),
         ({"model": {"centre_init_std": float("inf")}}, "model.centre_init_std", "finite number"),
         ({"sweep": {"storage_path": ""}}, "sweep.storage_path", "at least 1 character"),
+        # A variant sets any model field; grids expand into variants. Every refusal names the key.
+        (
+            {"variants": {"x": {"arch": "sa", "encoding": "learned", "hiden": 64}}},
+            "variants.x.hiden",
+            "not a model field",
+        ),
+        (
+            {"variants": {"x": {"arch": "sa", "encoding": "learned", "hidden": 0}}},
+            "variants.x.hidden",
+            "greater than 0",
+        ),
+        ({"variants": {"x/y": {"arch": "resnet18"}}}, "variants.x/y", "not a usable variant name"),
+        ({"grid": {"g": {"arch": "sa", "axes": {"heads": [4, 0]}}}}, "grid.g.axes.heads", "value 0: Input should be"),
+        ({"grid": {"g": {"arch": "sa", "axes": {"heads": [4, "9"]}}}}, "grid.g.axes.heads", "value '9': Input should"),
+        ({"grid": {"g": {"arch": "sa", "axes": {"hedas": [4]}}}}, "grid.g.axes.hedas", "not a model field"),
+        ({"grid": {"g": {"arch": "sa", "axes": {"heads": []}}}}, "grid.g.axes.heads", "at least one value"),
+        ({"grid": {"g": {"arch": "sa", "axes": {"heads": [4, 4]}}}}, "grid.g.axes.heads", "more than once: [4]"),
+        ({"grid": {"g": {"arch": "sa", "axes": {}}}}, "grid.g.axes", "at least one axis"),
+        ({"grid": {"g": {"axes": {"heads": [4]}}}}, "grid.g.arch", "required"),
+        (
+            {"grid": {"g": {"arch": "sa", "axes": {"heads": [4]}}}},
+            "grid.g",
+            "'g_heads4' ({'heads': 4}): an 'sa' variant",
+        ),
+        ({"grid": {"g": {"arch": "sa", "hidden": -1, "axes": {"heads": [4]}}}}, "grid.g.hidden", "greater than 0"),
+        ({"grid": {"g": {"arch": "sa", "heads": 4, "axes": {"heads": [4]}}}}, "grid.g.heads", "axis and as a fixed"),
+        (
+            {"grid": {"g": {"arch": "sa", "encoding": "learned", "axes": {"heads": [4, 9]}, "name": "g_{hidden}"}}},
+            "grid.g.name",
+            "not a template over the axes ['heads']",
+        ),
+        (
+            {"grid": {"g": {"arch": "sa", "axes": {"encoding": ["learned"], "heads": [4, 9]}, "name": "g_{encoding}"}}},
+            "grid.g.name",
+            "'g_learned' names two variants",
+        ),
+        (
+            {"grid": {"g": {"arch": "sa", "axes": {"encoding": ["learned"]}}}, "variants": {"g": {"arch": "resnet18"}}},
+            "variants.g",
+            "also the name of grid.g",
+        ),
+        (
+            {
+                "grid": {"g": {"arch": "sa", "axes": {"encoding": ["learned"]}}},
+                "variants": {"g_learned": {"arch": "sa", "encoding": "quadratic"}},
+            },
+            "variants.g_learned",
+            "also a variant of grid.g, with other fields",
+        ),
+        (
+            {
+                "grid": {"g": {"arch": "sa", "axes": {"encoding": ["learned"]}}},
+                "sweep": {"variants": ["g", "g_learned"]},
+            },
+            "sweep.variants",
+            "['g_learned'] listed more than once",
+        ),
+        (
+            {"grid": {"g": {"arch": "sa", "axes": {"encoding": ["learned"]}}}, "sweep": {"variants": ["h"]}},
+            "sweep.variants",
+            "grids: ['g']",
+        ),
     ],
 )
 def test_bad_values_name_the_file_and_key(raw: dict, key: str, message: str) -> None:
@@ -136,3 +198,50 @@ def test_params_hash_is_stable_and_sensitive() -> None:
     a, b = Params(), parse_params({"train": {"epochs": 3}})
     assert params_hash(a) == params_hash(Params()) and params_hash(a) != params_hash(b)
     assert len(params_hash(a.train)) == 12
+
+
+GRID = {
+    "grid": {"sa": {"arch": "sa", "hidden": 48, "axes": {"encoding": ["quadratic", "learned"], "heads": [4, 16]}}},
+    "variants": {
+        "sa_quadratic_9": {"arch": "sa", "encoding": "quadratic", "heads": 9},
+        "resnet18": {"arch": "resnet18"},
+    },
+    "sweep": {"variants": ["sa_quadratic_9", "sa", "resnet18"]},
+}
+
+
+def test_a_grid_expands_into_named_variants_in_the_sweep() -> None:
+    params = parse_params(GRID)
+    grid = ["sa_quadratic_heads4", "sa_quadratic_heads16", "sa_learned_heads4", "sa_learned_heads16"]
+    assert params.sweep.variants == ["sa_quadratic_9", *grid, "resnet18"]  # the grid's name stands for its variants
+    assert list(params.variants) == ["sa_quadratic_9", "resnet18", *grid]
+    learned = params.model_for("sa_learned_heads16")
+    assert (learned.encoding, learned.heads, learned.hidden, learned.layers) == ("learned", 16, 48, 6)
+    assert params.model_for("sa_quadratic_9").hidden == 400  # the grid's fixed fields are its own
+    # What the trial and the prune stage rebuild from the dumped params is the same study.
+    assert parse_params(params.model_dump(mode="json")) == params
+
+
+def test_grid_names_are_stable_readable_and_templated() -> None:
+    named = {**GRID, "grid": {"sa": {**GRID["grid"]["sa"], "name": "{encoding}-{heads}h"}}}
+    assert parse_params(named).sweep.variants[1:3] == ["quadratic-4h", "quadratic-16h"]
+    axes = {"encoding": ["quadratic", "learned"], "heads": [4, 9, 16]}
+    grown = {**GRID, "grid": {"sa": {**GRID["grid"]["sa"], "axes": axes}}}
+    before, after = parse_params(GRID).sweep.variants, parse_params(grown).sweep.variants
+    assert set(before) < set(after)  # a value more adds variants and renames none
+    axes = {"hidden": [32], "dropout": [0.0, 0.25], "attention_window_eps": [None, 1e-6]}
+    mixed = {"grid": {"w": {"arch": "sa", "encoding": "learned", "axes": axes}}}
+    assert list(parse_params(mixed).variants)[-4:] == [
+        "w_hidden32_dropout0_attention_window_epsNone",
+        "w_hidden32_dropout0_attention_window_eps1e-06",
+        "w_hidden32_dropout0.25_attention_window_epsNone",
+        "w_hidden32_dropout0.25_attention_window_eps1e-06",
+    ]
+
+
+def test_a_variant_overrides_any_model_field() -> None:
+    deep = {"arch": "sa", "encoding": "learned", "layers": 3, "learned_dim": 8}
+    params = parse_params({"variants": {"deep": deep}, "sweep": {"variants": ["deep"]}})
+    deep = params.model_for("deep")
+    assert (deep.layers, deep.learned_dim, deep.heads) == (3, 8, 9)
+    assert params.variants["deep"].fields == {"arch": "sa", "encoding": "learned", "layers": 3, "learned_dim": 8}

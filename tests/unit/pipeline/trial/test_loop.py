@@ -27,7 +27,7 @@ from pipeline.trial.loop import (
     build_scheduler,
     run_trial,
 )
-from pipeline.trial.report import METRIC_KEYS
+from pipeline.trial.report import LOCALITY_METRICS, METRIC_KEYS
 
 PARAMS = Path(__file__).resolve().parents[4] / "params.yaml"
 TINY_SA = ModelConfig(hidden=8, layers=2, heads=4, ffn=16, learned_dim=8, resnet_width=4)
@@ -221,7 +221,10 @@ def test_resume_from_a_run_interrupted_in_its_own_process(tmp_path):
 def test_checkpoint_contents_load_weights_only(tmp_path):
     recorder = Recorder(tmp_path)
     final = run_trial(TINY_SA, TINY_TRAIN, synthetic_data(), recorder)
-    assert tuple(final) == METRIC_KEYS and final == recorder.metrics[-1]
+    assert tuple(final)[: len(METRIC_KEYS)] == METRIC_KEYS and final == recorder.metrics[-1]
+    assert {k for k in final if k.startswith("locality/")} == {
+        f"locality/layer{layer}/{metric}" for layer in (1, 2) for metric in LOCALITY_METRICS
+    }
     assert all(isinstance(v, int | float) for m in recorder.metrics for v in m.values())
     assert [m["epoch"] for m in recorder.metrics] == [1, 2, 3]
     checkpoint = torch.load(recorder.dirs[-1] / "checkpoint.pt", weights_only=True)

@@ -1,0 +1,149 @@
+"""A study beyond the paper through `dvc repro` (prepare, tune, prune, analyze) with the real Ray, MLflow and DVC.
+
+The shared tiny project swept over the paper's generalized model (pruned by the prune stage) and ResNet18, a variant
+the paper does not have (`sa_quadratic_4`, hidden 24) and a two-axis grid (encoding x heads, 2 x 2). Every variant
+must reach the dry run, the table, metrics.json, the figures, the plot data (one series each in `dvc plots`) and the
+report, with the paper's rows as the paper has them; every self-attention run charts its locality per epoch in MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipeline.measure.reference import PAPER_FIGURES
+from pipeline.trial.report import LOCALITY_METRICS, locality_key
+
+if TYPE_CHECKING:
+    from conftest import Project
+
+pytestmark = pytest.mark.slow
+EPOCHS = 2
+GRID = ["sa_quadratic_heads1", "sa_quadratic_heads2", "sa_learned_heads1", "sa_learned_heads2"]
+ATTENTION = ["sa_generalized_9", "sa_quadratic_4", *GRID]
+SWEPT = [*ATTENTION, "resnet18"]
+
+
+@pytest.fixture(scope="module")
+def study(project: Project) -> dict:
+    params = project.read_params()
+    original = (project.path / "params.yaml").read_text()
+    params["variants"] = {
+        "sa_generalized_9": {"arch": "sa", "encoding": "generalized_quadratic", "heads": 9},
+        "sa_quadratic_4": {"arch": "sa", "encoding": "quadratic", "heads": 4, "hidden": 24},
+        "resnet18": {"arch": "resnet18"},
+    }
+    params["grid"] = {"sa": {"arch": "sa", "axes": {"encoding": ["quadratic", "learned"], "heads": [1, 2]}}}
+    params["train"]["epochs"] = EPOCHS
+    # Seed 31: no other test trains it, so no trial here is reused by another test's sweep (or reuses one) in the
+    # shared store, whatever the order the tests run in.
+    params["sweep"].update(
+        variants=["sa_generalized_9", "sa_quadratic_4", "sa", "resnet18"], seeds=[31], fail_once_after_epoch=None
+    )
+    params["prune"] = {**params["prune"], "variants": None, "mode": "fraction", "fraction": 0.34, "epochs": 1}
+    project.write_params(params)
+    try:
+        dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout
+        project.dvc("repro")
+        plots = json.loads(project.dvc("plots", "show", "--json").stdout)["data"]
+        results = project.path / "results"
+        return {
+            "dry_run": dry,
+            "tune": json.loads((results / "tune/manifest.json").read_text()),
+            "table": pd.read_csv(results / "tables/accuracy.csv").set_index("variant"),
+            "markdown": (results / "tables/accuracy.md").read_text(),
+            "metrics": json.loads((results / "analysis/metrics.json").read_text()),
+            "figures": sorted(p.name for p in (results / "figures").glob("*.png")),
+            "accuracy": pd.read_csv(results / "plots/accuracy.csv"),
+            "locality": pd.read_csv(results / "plots/locality.csv"),
+            "conv_like": pd.read_csv(results / "tables/conv_like_heads.csv"),
+            "report": (results / "report.md").read_text(),
+            "plots": plots,
+        }
+    finally:
+        (project.path / "params.yaml").write_text(original)
+
+
+def test_the_dry_run_lists_the_expanded_grid(study: dict) -> None:
+    planned = [line.split()[0] for line in study["dry_run"].splitlines()[1:] if line and not line[0].isspace()]
+    assert planned[: len(SWEPT)] == SWEPT  # the grid's name stands for its four variants, in the grid's order
+    assert sorted(t["variant"] for t in study["tune"]["trials"]) == sorted(SWEPT)
+
+
+def test_every_variant_has_a_row_and_the_papers_rows_are_the_papers(study: dict) -> None:
+    table = study["table"]
+    others = ["sa_learned_heads1", "sa_learned_heads2", "sa_quadratic_4", "sa_quadratic_heads1", "sa_quadratic_heads2"]
+    assert list(table.index) == ["resnet18", "sa_generalized_9", "sa_generalized_9_pruned", *others]
+    for variant in ("resnet18", "sa_generalized_9", "sa_generalized_9_pruned"):
+        row, paper = table.loc[variant], PAPER_FIGURES[variant]
+        assert row["model"] == paper.label and row["in_paper"]
+        assert (row["paper_acc"], row["paper_params"], row["paper_flops"]) == (
+            paper.accuracy,
+            paper.params,
+            paper.flops,
+        )
+    assert table.loc["sa_quadratic_4", "model"] == "SA quadratic, 4 heads, hidden 24"
+    assert table.loc["sa_learned_heads2", "model"] == "SA learned, 2 heads"
+    for variant in ("sa_quadratic_4", *GRID):
+        assert not table.loc[variant, "in_paper"] and table.loc[variant, "n"] == 1
+        assert f"| {table.loc[variant, 'model']} " in study["markdown"]
+    assert study["markdown"].count("not in the paper") == 1 + len(GRID)
+    assert set(study["metrics"]) == set(table.index)
+    assert all(study["metrics"][v]["test_acc_mean"] is not None for v in table.index)
+
+
+def test_every_attention_variant_has_its_figures_and_curves(study: dict) -> None:
+    for variant in [*ATTENTION, "sa_generalized_9_pruned"]:
+        kind = "attention" if "learned" in variant else "contours"
+        assert {f"{kind}_{variant}.png", f"conv_likeness_{variant}.png"} <= set(study["figures"]), variant
+        assert f"](figures/conv_likeness_{variant}.png)" in study["report"]
+    assert {"fig4_accuracy.png", "locality_distance.png", "theorem1_error_vs_alpha.png"} <= set(study["figures"])
+    assert set(study["accuracy"]["variant"]) == {*SWEPT, "sa_generalized_9_pruned"}
+    locality = study["locality"]
+    assert set(locality["variant"]) == {*ATTENTION, "sa_generalized_9_pruned"}
+    assert sorted(locality[locality["variant"] == "sa_learned_heads2"]["epoch"].unique()) == [0, 1, 2]
+    assert locality[locality["variant"] == "sa_generalized_9_pruned"]["epoch"].tolist() == [EPOCHS, EPOCHS + 1]
+    assert set(study["conv_like"]["variant"]) == {*ATTENTION, "sa_generalized_9_pruned"}
+    for label in study["table"]["model"]:
+        assert label in study["report"]
+
+
+def test_dvc_plots_draw_one_series_per_variant_in_its_own_colour(study: dict) -> None:
+    for name in ("results/plots/accuracy.csv", "results/plots/locality.csv"):
+        (plot,) = study["plots"][name]
+        spec = plot["content"]
+        encoding = spec.get("encoding") or spec["spec"]["encoding"]
+        assert encoding["color"]["field"] == "model" and encoding["color"]["scale"] == {"range": {"field": "colour"}}
+        rows = pd.DataFrame(spec["data"]["values"])
+        colours = rows.groupby("variant")["colour"].nunique()
+        assert (colours == 1).all() and rows.groupby("model")["variant"].nunique().eq(1).all()  # one series each
+    accuracy = pd.DataFrame(study["plots"]["results/plots/accuracy.csv"][0]["content"]["data"]["values"])
+    assert set(accuracy["variant"]) == {*SWEPT, "sa_generalized_9_pruned"}
+
+
+def test_every_attention_run_charts_its_locality_per_epoch_in_mlflow(study: dict) -> None:
+    client = MlflowClient(study["tune"]["tracking_uri"])
+    for trial in study["tune"]["trials"]:
+        metrics = client.get_run(trial["run_id"]).data.metrics
+        keys = {key for key in metrics if key.startswith("locality/")}
+        if trial["variant"] == "resnet18":
+            assert not keys
+            continue
+        assert keys == {locality_key(1, metric) for metric in LOCALITY_METRICS}, trial["variant"]
+        for key in keys:
+            steps = [m.step for m in client.get_metric_history(trial["run_id"], key)]
+            assert sorted(steps) == [1, 2], (trial["variant"], key, steps)
+
+
+def test_a_bad_axis_value_is_refused_before_any_work_naming_the_key(project: Project, project_params: dict) -> None:
+    project_params["grid"] = {"sa": {"arch": "sa", "axes": {"encoding": ["learned"], "heads": [2, 0]}}}
+    project.write_params(project_params)
+    command = ["python", "-m", "stages.tune"]
+    done = subprocess.run(command, cwd=project.path, env=project.env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "grid.sa.axes.heads: value 0: Input should be greater than 0" in done.stderr
+    assert "Traceback" not in done.stderr
