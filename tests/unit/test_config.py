@@ -71,6 +71,8 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
         ({"train": {"lr": 1e400}}, "train.lr", "finite number"),
         ({"model": {"centre_init_std": float("inf")}}, "model.centre_init_std", "finite number"),
         ({"sweep": {"storage_path": ""}}, "sweep.storage_path", "at least 1 character"),
+        ({"train": {"positional_lr_factor": 0}}, "train.positional_lr_factor", "greater than 0"),
+        ({"train": {"positional_lr_factor": "10"}}, "train.positional_lr_factor", "valid number"),
     ],
 )
 def test_bad_values_name_the_file_and_key(raw: dict, key: str, message: str) -> None:

@@ -130,6 +130,28 @@ def test_no_weight_decay_on_centres_and_spreads(encoding):
     )
 
 
+@pytest.mark.parametrize("encoding", ["quadratic", "generalized_quadratic"])
+def test_positional_lr_factor_scales_only_centres_and_spreads(encoding):
+    """The factor applies to the no-decay group alone, and the schedule keeps the ratio at every step."""
+    model = build_model(TINY_SA.model_copy(update={"encoding": encoding}), image_size=8)
+    cfg = TINY_TRAIN.model_copy(update={"positional_lr_factor": 10.0, "warmup_fraction": 0.25})
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg, steps_per_epoch=4)
+    for _ in range(5):  # through the warm-up into the cosine
+        optimizer.step()
+        scheduler.step()
+        groups = {g["name"]: g for g in optimizer.param_groups}
+        assert groups["decay"]["lr"] > 0
+        assert groups["no_decay"]["lr"] == pytest.approx(10.0 * groups["decay"]["lr"])
+
+
+def test_positional_lr_factor_defaults_to_one_rate_for_all():
+    """The default leaves the paper's single learning rate unchanged (and ResNet18 has no positional group)."""
+    assert TrainConfig().positional_lr_factor == 1.0
+    model = build_model(TINY_SA, image_size=8)
+    assert {g["lr"] for g in build_optimizer(model, TINY_TRAIN).param_groups} == {TINY_TRAIN.lr}
+
+
 def test_resnet_decays_every_parameter():
     model = build_model(TINY_SA.model_copy(update={"arch": "resnet18"}), image_size=8)
     (group,) = build_optimizer(model, TINY_TRAIN).param_groups
