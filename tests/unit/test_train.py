@@ -346,11 +346,14 @@ def digits():
 @pytest.mark.parametrize(
     "variant", ["sa_quadratic_9", "sa_quadratic_16", "sa_generalized_9", "sa_learned_9", "resnet18"]
 )
-def test_two_epochs_on_digits_beat_chance(digits, variant):
-    """Batch 32 gives 2 short epochs enough steps; no flips, which do not preserve a digit's class."""
+def test_four_epochs_on_digits_beat_chance(digits, variant):
+    """Batch 32 gives 4 short epochs enough steps; no flips, which do not preserve a digit's class. Two layers: the
+    default's six need more than a squeezed 4-epoch schedule (the learned encoding stays at chance; its 40 epochs
+    reach ~0.92), and the digits' one-pixel tokens need 4 epochs where 2 did for the former 2x2-pixel ones."""
     params, data = digits
-    train_cfg = params.train.model_copy(update={"epochs": 2, "batch_size": 32, "augment": False, "device": "cpu"})
-    final = run_trial(params.model_for(variant), train_cfg, data, lambda m, d: None)
+    train_cfg = params.train.model_copy(update={"epochs": 4, "batch_size": 32, "augment": False, "device": "cpu"})
+    model_cfg = params.model_for(variant).model_copy(update={"layers": 2})
+    final = run_trial(model_cfg, train_cfg, data, lambda m, d: None)
     assert final["test_acc"] >= 0.3, final
 
 
