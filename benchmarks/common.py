@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -65,6 +65,22 @@ def epoch_reporter(label: str, epochs: int, history: list[dict[str, float]] | No
         )
 
     return report
+
+
+# --- tables -------------------------------------------------------------------------------------------------------
+
+
+def text_table(rows: list[dict[str, str]], numeric: Collection[str] = ()) -> str:
+    """Aligned plain-text table of ``rows`` (the first row's keys are the columns): a header, a rule of dashes, one
+    line per row; ``numeric`` columns right-aligned, the others left-aligned, two spaces between columns."""
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+
+    def line(cells: dict[str, str]) -> str:
+        return "  ".join(cells[c].rjust(widths[c]) if c in numeric else cells[c].ljust(widths[c]) for c in columns)
+
+    rule = "  ".join("-" * widths[c] for c in columns)
+    return "\n".join(text.rstrip() for text in [line({c: c for c in columns}), rule, *(line(r) for r in rows)])
 
 
 # --- command line ------------------------------------------------------------------------------------------------

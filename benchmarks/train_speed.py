@@ -25,7 +25,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import bad_input_is_a_usage_error, epoch_reporter, make_parser, positive_int, progress
+from benchmarks.common import (
+    bad_input_is_a_usage_error,
+    epoch_reporter,
+    make_parser,
+    positive_int,
+    progress,
+    text_table,
+)
 from pipeline.config import Params, load_params
 from pipeline.data.prepared import PreparedData
 from pipeline.data.sources import prepare_dataset
@@ -34,7 +41,7 @@ from pipeline.models import build_model
 from pipeline.trial.device import device_tags
 from pipeline.trial.loop import run_trial
 
-COLUMNS = ("model", "device", "precision", "params", "s/epoch", "images/s", "test_acc")
+NUMERIC = {"params", "s/epoch", "images/s", "test_acc"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,18 +140,6 @@ def write_history(runs: list[tuple[dict[str, str], list[dict[str, float]]]], out
     plt.close(fig)
 
 
-def format_table(rows: list[dict[str, str]]) -> str:
-    """Aligned plain-text table: text columns left-aligned, numbers right-aligned."""
-    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in COLUMNS}
-    numeric = {"params", "s/epoch", "images/s", "test_acc"}
-
-    def line(cells: dict[str, str]) -> str:
-        return "  ".join(cells[c].rjust(widths[c]) if c in numeric else cells[c].ljust(widths[c]) for c in COLUMNS)
-
-    rule = "  ".join("-" * widths[c] for c in COLUMNS)
-    return "\n".join([line({c: c for c in COLUMNS}), rule, *(line(r) for r in rows)])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -164,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{torch.get_num_threads()}"
     )
     print(summary)
-    print(format_table([row for row, _ in runs]))
+    print(text_table([row for row, _ in runs], numeric=NUMERIC))
     if args.history is not None:
         write_history(runs, args.history, summary)
         print(f"per-epoch metrics: {args.history / 'history.csv'}; curves: {args.history / 'curves.png'}")

@@ -95,6 +95,10 @@ class TrainConfig(_Section):
     lr: Annotated[float, Field(gt=0.0)] = 0.1
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
     weight_decay: Annotated[float, Field(ge=0.0)] = 1e-4
+    # Beyond the paper: the Gaussian encodings' centres and spreads (the optimiser's no-weight-decay group) train at
+    # lr x positional_lr_factor. 1 is the paper's single rate; a larger factor lets heads travel to their kernel
+    # positions within a short schedule, which the rest of the network at that rate would not survive.
+    positional_lr_factor: Annotated[float, Field(gt=0.0)] = 1.0
     warmup_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
     # "step": cosine/warm-up updated every optimiser step (better). "epoch": the authors' code, which steps the
     # schedule once per epoch, so epoch 0 trains at lr 0.

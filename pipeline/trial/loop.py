@@ -94,7 +94,8 @@ class WarmupCosine:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.SGD:
-    """SGD with two parameter groups: ``decay``, and ``no_decay`` for ``model.no_weight_decay()``."""
+    """SGD with two parameter groups: ``decay``, and ``no_decay`` for ``model.no_weight_decay()`` (the Gaussian
+    encodings' centres and spreads), which also trains at ``lr x positional_lr_factor``."""
     skip = model.no_weight_decay()
     named = dict(model.named_parameters())
     unknown = skip - named.keys()
@@ -105,7 +106,12 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.SGD:
             "weight_decay": cfg.weight_decay,
             "params": [p for n, p in named.items() if n not in skip],
         },
-        {"name": "no_decay", "weight_decay": 0.0, "params": [p for n, p in named.items() if n in skip]},
+        {
+            "name": "no_decay",
+            "weight_decay": 0.0,
+            "lr": cfg.lr * cfg.positional_lr_factor,
+            "params": [p for n, p in named.items() if n in skip],
+        },
     ]
     return torch.optim.SGD([g for g in groups if g["params"]], lr=cfg.lr, momentum=cfg.momentum)
 

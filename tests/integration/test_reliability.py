@@ -51,9 +51,10 @@ def test_ctrl_c_while_trials_are_pending_stops_cleanly(project: Project, project
 
 
 def test_a_diverging_trial_fails_once_and_says_what_to_change(project: Project, project_params: dict) -> None:
-    """At lr 10 the self-attention model's loss becomes NaN in epoch 1 while ResNet18 trains on."""
+    """At lr 5 the self-attention model's loss becomes NaN in epoch 1 while ResNet18 trains on (it diverges too at
+    lr 10 on the 8x8 digits; the self-attention model already at 3)."""
     project.dvc("repro", "prepare")
-    project_params["train"].update(lr=10.0, epochs=2)
+    project_params["train"].update(lr=5.0, epochs=2)
     project_params["sweep"].update(max_failures=2, fail_once_after_epoch=None)
     project.write_params(project_params)
     done = _tune(project)

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
+# The prepared digits as MLflow names them (dataset and image size of the project's params, which tiny_params keeps).
+DATASET_NAME = f"digits-{load_params(Path(__file__).resolve().parents[2] / 'params.yaml').data.image_size}px"
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +99,7 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
         assert tags["mlflow.source.git.commit"] == parent.data.tags["mlflow.source.git.commit"]  # MLflow's context
         assert tags["mlflow.user"] and tags["mlflow.source.name"].endswith("stages/tune.py")
         (dataset,) = run.inputs.dataset_inputs  # the prepared data, by its content hash
-        assert dataset.dataset.name == "digits-16px" and dataset.dataset.digest == data_hash[:12]
+        assert dataset.dataset.name == DATASET_NAME and dataset.dataset.digest == data_hash[:12]
         model = client.get_logged_model(tags[MODEL_URI_TAG].removeprefix("models:/"))
         assert model.source_run_id == run.info.run_id
     # The parent row: per-variant final accuracy (as in metrics.json), a description, the best model registered.
@@ -201,7 +203,7 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
         (tmp_path / f"{name}.html").write_text(dumped.stdout)
     assert parent.info.run_name in dom["runs"]  # the table renders only the metric columns in view
     assert "test_acc.resnet18" in dom["parent"] and "Sweep of 2 variants x 1 seed" in dom["parent"]
-    assert child.info.run_name in dom["child"] and "digits-16px" in dom["child"]  # the dataset it trained on
+    assert child.info.run_name in dom["child"] and DATASET_NAME in dom["child"]  # the dataset it trained on
     assert child.data.tags[MODEL_URI_TAG].removeprefix("models:/") in dom["child"]  # its logged model
     assert "it-sweep.resnet18" in dom["registered_model"] and "Version" in dom["registered_model"]
 

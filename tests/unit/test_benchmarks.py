@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import gpu_sharing, train_speed, train_throughput, truncation
+from benchmarks import finding, gpu_sharing, train_speed, train_throughput, truncation
 from benchmarks.gpu_sharing import WorkerResult, aggregate_images_per_s
 
 PARAMS = str(Path(__file__).resolve().parents[2] / "params.yaml")
-BENCHMARKS = ("train_speed", "train_throughput", "truncation", "sweep_overhead", "gpu_sharing")
+BENCHMARKS = ("train_speed", "train_throughput", "truncation", "sweep_overhead", "gpu_sharing", "finding")
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
     "train_speed": "prepare_dataset",
@@ -26,6 +26,7 @@ FIRST_WORK = {
     "truncation": "error_table",
     "sweep_overhead": "prepare_dataset",
     "gpu_sharing": "run",
+    "finding": "prepare_dataset",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -151,6 +152,31 @@ def test_train_speed_writes_history_and_curves(tmp_path: Path, capsys: pytest.Ca
     assert image[..., :3].std() > 0.05  # something is drawn, not a blank canvas
 
 
+def test_finding_prints_head_motion_and_the_gap_to_resnet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--params", PARAMS, "--smoke", "--variants", "sa_quadratic_9", "resnet18", "--csv", str(tmp_path / "m.csv"),
+            "--set", "train.positional_lr_factor=2", "--set", "model.centre_init_std=1.5"]  # fmt: skip
+    assert finding.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("SMOKE SIZE")  # never mistaken for a measurement
+    assert "positional lr x2," in out and "centre init std 1.5;" in out  # the overrides were trained with
+    heads_part, accuracy_part = out.split("accuracy after")
+    heads = _table(heads_part, "variant")
+    assert [(row[0], row[1]) for row in heads] == [("sa_quadratic_9", "1"), ("sa_quadratic_9", "2")]
+    for row in heads:
+        assert _number(row[2]) > 0  # displacement: the centres trained
+        assert all("->" in cell for cell in row[3:])  # init->end
+    accuracy = {row[0]: row for row in _table(accuracy_part, "variant")}
+    assert set(accuracy) == {"sa_quadratic_9", "resnet18"}
+    assert accuracy["resnet18"][2] == "+0.0pt"  # the baseline's gap to itself
+    assert all(_number(row[3]) > 0 for row in accuracy.values())  # CPU seconds
+
+    import pandas as pd
+
+    frame = pd.read_csv(tmp_path / "m.csv")
+    assert sorted(frame.groupby("layer")["epoch"].apply(list).to_dict().items()) == [(0, [0, 1, 2]), (1, [0, 1, 2])]
+    assert (frame[frame.epoch == 0].displacement == 0).all()
+
+
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
@@ -195,6 +221,17 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("sweep_overhead", ["--variants", "nonsense"], "--variants: unknown ['nonsense']"),
         ("sweep_overhead", ["--epochs", "0"], "--epochs"),
         ("gpu_sharing", ["--counts", "1,0"], "--counts"),
+        ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
+        ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
+        ("finding", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nonsense"),
+        ("finding", ["--params", PARAMS, "--variants", "resnet18", "resnet18"], "--variants: listed more than once"),
+        ("finding", ["--params", PARAMS, "--epochs", "0"], "--epochs"),
+        ("finding", ["--params", PARAMS, "--seed", "-1"], "--seed"),
+        ("finding", ["--params", PARAMS, "--csv", "{file}/m.csv"], "--csv"),
+        ("finding", ["--params", PARAMS, "--set", "train.positional_lr_factor"], "expected KEY=VALUE"),
+        ("finding", ["--params", PARAMS, "--set", "trian.lr=0.2"], "--set trian.lr: 'trian' is not a section"),
+        ("finding", ["--params", PARAMS, "--set", "train.lr_factor=3"], "train.lr_factor: unknown key"),
+        ("finding", ["--params", PARAMS, "--set", "model.layers=0"], "model.layers: Input should be greater than 0"),
     ],
 )
 def test_bad_input_is_refused_before_any_work(

@@ -133,6 +133,8 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
             "sweep.variants",
             "grids: ['g']",
         ),
+        ({"train": {"positional_lr_factor": 0}}, "train.positional_lr_factor", "greater than 0"),
+        ({"train": {"positional_lr_factor": "10"}}, "train.positional_lr_factor", "valid number"),
     ],
 )
 def test_bad_values_name_the_file_and_key(raw: dict, key: str, message: str) -> None:

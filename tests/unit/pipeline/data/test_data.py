@@ -216,7 +216,7 @@ def test_stage_help_shows_docstring():
 
 
 def test_stage_writes_outputs_in_cwd(tmp_path, monkeypatch):
-    params = _write_params(tmp_path / "p.yaml", prepared_dir="out/prepared")
+    params = _write_params(tmp_path / "p.yaml", prepared_dir="out/prepared", image_size=16)  # resized from 8x8
     monkeypatch.chdir(tmp_path)
     assert prepare_stage.main(["--params", str(params)]) == 0
     manifest = json.loads((tmp_path / "out/prepared/manifest.json").read_text())

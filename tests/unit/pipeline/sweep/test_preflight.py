@@ -103,10 +103,11 @@ def test_the_dry_run_says_when_the_prepared_data_is_not_what_params_ask_for(tmp_
 
     prepared = tmp_path / "data/prepared"
     prepared.mkdir(parents=True)
-    manifest = {"dataset": "digits", "image_shape": [3, 16, 16], "test_fraction": 0.2}
+    size = _params().data.image_size
+    manifest = {"dataset": "digits", "image_shape": [3, size, size], "test_fraction": 0.2}
     (prepared / "manifest.json").write_text(json.dumps(manifest))
     assert stale_data(_params(), tmp_path) == []  # the smoke profile's own data
     paper = load_params(ROOT / "params/paper.yaml")
     stale = stale_data(paper, tmp_path)
     assert "data.dataset is 'cifar10' but the prepared data has 'digits'" in stale
-    assert "data.image_size is 32 but the prepared data has 16" in stale
+    assert f"data.image_size is 32 but the prepared data has {size}" in stale

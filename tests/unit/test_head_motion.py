@@ -1,0 +1,72 @@
+"""The finding's measures on hand-built heads: displacement, kernel heads and distinct shifts."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from analysis.head_motion import LAYER_COLUMNS, kernel_shifts, layer_measures, motion_frame
+
+GRID = (8, 8)
+KERNEL_3X3 = [[r, c] for r, c in itertools.product((-1, 0, 1), repeat=2)]
+
+
+def snapshot(epoch: int, *layers: tuple[list[list[float]], float]) -> dict:
+    """A head history entry: per layer, the centres and one isotropic precision ``Sigma^-1 = precision I``."""
+    return {
+        "epoch": epoch,
+        "layers": [
+            {"centres": centres, "sigma_inv": [[[precision, 0.0], [0.0, precision]]] * len(centres)}
+            for centres, precision in layers
+        ],
+    }
+
+
+def test_kernel_shifts_needs_a_near_integer_centre_within_the_radius_and_a_sharp_head() -> None:
+    centres = [[0.0, 0.0], [0.45, 0.0], [3.0, 0.0], [1.4, 1.4], [-1.0, 1.0], [-2.2, 1.9]]
+    peaks = [0.9, 0.9, 0.9, 0.9, 0.3, 0.6]
+    assert kernel_shifts(centres, peaks) == [(0, 0), (0, 0), None, None, None, (-2, 2)]
+    # the criteria are parameters: a 3x3 kernel, a stricter distance, a lower bar for sharpness
+    assert kernel_shifts(centres, peaks, radius=1)[5] is None
+    assert kernel_shifts(centres, peaks, tolerance=0.2)[5] is None  # 0.22 tokens off
+    assert kernel_shifts(centres, peaks, min_peak=0.2)[4] == (-1, 1)
+    with pytest.raises(ValueError, match="6 centres but 2 peak"):
+        kernel_shifts(centres, peaks[:2])
+
+
+def test_a_sharp_3x3_grid_is_nine_distinct_taps_and_a_broad_init_none() -> None:
+    start = [[r + 0.3, c - 0.4] for r, c in KERNEL_3X3]  # 0.5 tokens from the grid
+    frame = motion_frame([snapshot(0, (start, 1.0)), snapshot(5, (KERNEL_3X3, 100.0))], GRID)
+    assert list(frame.columns) == LAYER_COLUMNS
+    init, end = frame.iloc[0], frame.iloc[1]
+    assert (init.epoch, end.epoch) == (0, 5)
+    assert init.displacement == 0.0 and end.displacement == pytest.approx(0.5)
+    assert init.kernel_heads == 0 and init.distinct_shifts == 0  # s = 1: about a fifth of the mass on the peak
+    assert init.peak_probability < 0.3
+    assert end.kernel_heads == 9 and end.distinct_shifts == 9
+    assert end.peak_probability > 0.99
+    assert end.mean_attention_distance < init.mean_attention_distance  # sharper and closer
+    assert end.centre_norm == pytest.approx(np.mean([np.hypot(r, c) for r, c in KERNEL_3X3]))
+
+
+def test_heads_on_one_shift_count_once_and_layers_are_separate() -> None:
+    crowded = [[1.0, 0.0]] * 4 + [[0.0, 1.0]]
+    far = [[3.0, 3.0]] * 5
+    history = [snapshot(0, (crowded, 1.0), (far, 1.0)), snapshot(1, (crowded, 100.0), (far, 100.0))]
+    end = layer_measures(history[1], history[0], GRID)
+    assert list(end.layer) == [0, 1]
+    assert end.loc[0, "kernel_heads"] == 5 and end.loc[0, "distinct_shifts"] == 2
+    assert end.loc[1, "kernel_heads"] == 0  # sharp, but 3 tokens away: outside a 5x5 kernel
+    assert layer_measures(history[1], history[0], GRID, radius=3).loc[1, "distinct_shifts"] == 1
+
+
+def test_histories_without_heads_or_without_the_initialisation() -> None:
+    assert motion_frame([], GRID).empty and list(motion_frame([], GRID).columns) == LAYER_COLUMNS
+    later = [snapshot(3, ([[0.0, 0.0]], 1.0))]
+    with pytest.raises(ValueError, match="starts at epoch 3"):
+        motion_frame(later, GRID)
+    pruned = snapshot(1, ([[0.0, 0.0]], 1.0))
+    with pytest.raises(ValueError, match="1 heads now, 2 at init"):
+        layer_measures(pruned, snapshot(0, ([[0.0, 0.0], [1.0, 1.0]], 1.0)), GRID)
