@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
@@ -294,6 +295,29 @@ def _finding_section(
         "The paper's finding, measured: heads move to distinct shifts near the query",
         f"{intro}\n\n{table}\n\n{gap_text}",
     )
+
+
+def add_finding_metrics(
+    summary: dict[str, dict[str, Any]],
+    study: LoadedStudy,
+    summaries: Mapping[str, pd.DataFrame],
+    baseline: str | None,
+    gaps: Mapping[str, float],
+) -> None:
+    """Add the finding's numbers to ``metrics_summary``'s entries (``dvc metrics show`` / ``diff`` then compare
+    them across commits): ``gap_to_<baseline>_points`` per self-attention variant, and per Gaussian-encoding variant
+    its first layer's ``layer1_displacement`` and ``layer1_heads_at_distinct_shifts`` (means over seeds)."""
+    for name, gap in gaps.items():
+        if name in summary:
+            summary[name][f"gap_to_{baseline}_points"] = round(gap, 4) if math.isfinite(gap) else None
+    firsts: dict[str, list[pd.Series]] = {}
+    for run in study.runs:
+        frame = summaries.get(run.run_id)
+        if frame is not None and len(frame) and run.variant in summary:
+            firsts.setdefault(run.variant, []).append(frame.iloc[0])
+    for name, rows in firsts.items():
+        summary[name]["layer1_displacement"] = round(float(np.mean([r.displacement for r in rows])), 4)
+        summary[name]["layer1_heads_at_distinct_shifts"] = float(np.mean([r.heads_at_distinct_shifts for r in rows]))
 
 
 def epoch_offsets(study: LoadedStudy) -> dict[str, float]:
@@ -614,6 +638,7 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
     for name, frame in extra.items():
         frame.to_csv(layout.tables / name, index=False)
         outputs.files["tables"].append(layout.tables / name)
+    add_finding_metrics(outputs.summary, study, summaries, baseline, gaps)
     outputs.files["metrics"] = [write_metrics(outputs.summary, layout.metrics)]
 
     offsets = epoch_offsets(study)
