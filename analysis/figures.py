@@ -47,7 +47,7 @@ def _grid_of(n: int, max_cols: int = 3) -> tuple[int, int]:
 
 
 def _shift_axes(ax: Axes, extent: float) -> None:
-    """Square axes in token shifts, image orientation, integer grid, query pixel as a black square."""
+    """Square axes in token shifts, image orientation, integer grid, query pixel as a grey square under the heads."""
     ax.set_xlim(-extent, extent)
     ax.set_ylim(extent, -extent)  # rows grow downwards, as in the image
     ax.set_aspect("equal")
@@ -56,7 +56,10 @@ def _shift_axes(ax: Axes, extent: float) -> None:
     ax.set_yticks(ticks, minor=True)
     ax.grid(True, which="minor", color="0.88", linewidth=0.6)
     ax.grid(True, which="major", color="0.75", linewidth=0.8)
-    ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, color="black", zorder=5, label="query pixel"))
+    # Outlined, under the heads: a head sitting on the query (shift 0) stays visible.
+    ax.add_patch(
+        Rectangle((-0.5, -0.5), 1, 1, facecolor="0.85", edgecolor="black", lw=1.6, zorder=1.5, label="query pixel")
+    )
     ax.set_xlabel("column shift (tokens)")
     ax.set_ylabel("row shift (tokens)")
 
@@ -167,7 +170,7 @@ def head_contours(
             ax.set_xlabel("")
     legend = [Line2D([], [], color="0.2", lw=1.4, label=f"{int(100 * masses[0])}% mass")]
     legend.append(Line2D([], [], color="0.2", lw=1.4, linestyle=":", label=f"{int(100 * masses[1])}% mass"))
-    legend.append(Line2D([], [], marker="s", color="black", linestyle="", label="query pixel"))
+    legend.append(Line2D([], [], marker="s", color="black", markerfacecolor="0.85", linestyle="", label="query pixel"))
     if pruned:
         legend.append(Line2D([], [], color="0.55", lw=1.4, linestyle="--", marker="x", label="pruned head"))
     fig.legend(handles=legend, loc="center right", frameon=False)

@@ -213,7 +213,7 @@ def _fmt_gap(gap: float) -> str:
 
 
 def _layer_note(row: pd.Series) -> str:
-    return f"moved {row.displacement:.2f}, {row.heads_at_distinct_shifts} of {row.heads} at distinct shifts"
+    return f"moved {row.displacement:.2f}, {int(row.heads_at_distinct_shifts)} of {int(row.heads)} at distinct shifts"
 
 
 def _gap_sentence(fx: _Figures, baseline: str | None, gaps: Mapping[str, float]) -> str:
@@ -416,7 +416,7 @@ def _trajectories(
     gap = f" Its accuracy gap to ResNet18: {_fmt_gap(gaps[variant])}." if variant in gaps else ""
     sentence = (
         f"Each head's attention centre from its random initialisation (circle) to epoch {last} (star), one panel per "
-        f"layer, in token shifts from the query pixel (black square; the view spans at most the shifts of the "
+        f"layer, in token shifts from the query pixel (outlined square; the view spans at most the shifts of the "
         f"{run.model.grid[0]}x{run.model.grid[1]} token grid); each panel's title gives the layer's mean "
         f"displacement and its heads at distinct shifts. Layer 1: the heads moved {first.displacement:.2f} tokens "
         f"on average, their mean distance from the query went {first.centre_norm_init:.2f} -> "
