@@ -265,7 +265,8 @@ def _finding_section(
         f"shift in that neighbourhood, and how many different shifts they occupy."
     )
     rows = []
-    for run in fx.study.runs:
+    order = {name: i for i, name in enumerate(fx.variants)}  # the study's order: the paper's models first
+    for run in sorted(fx.study.runs, key=lambda r: (order.get(r.variant, len(order)), r.seed)):
         summary = summaries.get(run.run_id)
         if summary is None or summary.empty:
             continue
@@ -421,9 +422,9 @@ def _trajectories(
         f"displacement and its heads at distinct shifts. Layer 1: the heads moved {first.displacement:.2f} tokens "
         f"on average, their mean distance from the query went {first.centre_norm_init:.2f} -> "
         f"{first.centre_norm:.2f} and their attention distance {first.mean_attention_distance_init:.2f} -> "
-        f"{first.mean_attention_distance:.2f}, and {first.heads_at_distinct_shifts} of {first.heads} heads sit "
+        f"{first.mean_attention_distance:.2f}, and {first.heads_at_distinct_shifts:.0f} of {first.heads:.0f} heads sit "
         f"within {MATCH_TOLERANCE:g} token of a distinct shift near the query (at init: "
-        f"{first.heads_at_distinct_shifts_init}).{gap} The paper draws layer 4 after 300 epochs on CIFAR-10, its "
+        f"{first.heads_at_distinct_shifts_init:.0f}).{gap} The paper draws layer 4 after 300 epochs on CIFAR-10, its "
         "centres spread to distinct shifts around the query like the positions of a convolution kernel."
     )
     return fig, sentence
@@ -468,7 +469,7 @@ def _contours(
         measured = (
             f" Layer 1 moved {first.displacement:.2f} tokens from its initialisation; heads within "
             f"{MATCH_TOLERANCE:g} token of a distinct shift near the query, per layer: {per_layer} (of "
-            f"{first.heads})."
+            f"{first.heads:.0f})."
         )
     if variant in gaps:
         measured += f" Accuracy gap to ResNet18: {_fmt_gap(gaps[variant])}."
