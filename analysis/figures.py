@@ -47,7 +47,7 @@ def _grid_of(n: int, max_cols: int = 3) -> tuple[int, int]:
 
 
 def _shift_axes(ax: Axes, extent: float) -> None:
-    """Square axes in token shifts, image orientation, integer grid, query pixel as a black square."""
+    """Square axes in token shifts, image orientation, integer grid, query pixel as a grey square under the heads."""
     ax.set_xlim(-extent, extent)
     ax.set_ylim(extent, -extent)  # rows grow downwards, as in the image
     ax.set_aspect("equal")
@@ -56,38 +56,68 @@ def _shift_axes(ax: Axes, extent: float) -> None:
     ax.set_yticks(ticks, minor=True)
     ax.grid(True, which="minor", color="0.88", linewidth=0.6)
     ax.grid(True, which="major", color="0.75", linewidth=0.8)
-    ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, color="black", zorder=5, label="query pixel"))
+    # Outlined, under the heads: a head sitting on the query (shift 0) stays visible.
+    ax.add_patch(
+        Rectangle((-0.5, -0.5), 1, 1, facecolor="0.85", edgecolor="black", lw=1.6, zorder=1.5, label="query pixel")
+    )
     ax.set_xlabel("column shift (tokens)")
     ax.set_ylabel("row shift (tokens)")
 
 
-def _extent(points: np.ndarray, minimum: float = 3.5) -> float:
+def _extent(points: np.ndarray, minimum: float = 3.5, grid: tuple[int, int] | None = None) -> float:
+    """Half-width of the view: every point with a token to spare, at least ``minimum``, and never beyond the shifts
+    the image has (``grid``: rows, cols of the token grid; an 8x8 grid has shifts up to +-7, so +-7.5)."""
     finite = points[np.isfinite(points)]
-    return max(minimum, float(np.abs(finite).max()) + 1.0) if finite.size else minimum
+    extent = max(minimum, float(np.abs(finite).max()) + 1.0) if finite.size else minimum
+    return min(extent, image_extent(grid)) if grid is not None else extent
 
 
-def head_trajectories(head_history: Sequence[Mapping[str, Any]], layer: int, title: str | None = None) -> Figure:
-    """Fig. 2: each head's centre during training at layer ``layer`` (from 1); circle = initialisation, star = last
-    epoch."""
+def image_extent(grid: tuple[int, int]) -> float:
+    """The largest shift a ``grid`` of tokens has (a corner query to the opposite corner's key), plus half a token."""
+    return max(grid) - 1 + 0.5
+
+
+def head_trajectories(
+    head_history: Sequence[Mapping[str, Any]],
+    layers: int | Sequence[int],
+    title: str | None = None,
+    grid: tuple[int, int] | None = None,
+    panel_notes: Mapping[int, str] | None = None,
+) -> Figure:
+    """Fig. 2: each head's centre during training, one panel per layer of ``layers`` (from 1); circle =
+    initialisation, star = last epoch. ``grid`` (the token grid) bounds the view to the image's shifts; a head
+    beyond it is counted in its panel's title. ``panel_notes``: per layer, text added to its panel's title (the
+    layer's measured numbers)."""
+    layers = [layers] if isinstance(layers, int) else list(layers)
     frame = history_frame(head_history)
-    frame = frame[frame["layer"] == layer]
-    fig = Figure(figsize=(6.4, 6.0), layout="constrained")
-    ax = fig.add_subplot()
-    for head, path in frame.sort_values("epoch").groupby("head"):
-        colour, linestyle = head_style(int(head))
-        xy = path[["centre_col", "centre_row"]].to_numpy()
-        ax.plot(xy[:, 0], xy[:, 1], color=colour, linestyle=linestyle, linewidth=1.8, label=f"head {int(head)}")
-        ax.plot(*xy[0], "o", color=colour, markersize=6, markerfacecolor="white", markeredgewidth=1.5)
-        ax.plot(*xy[-1], "*", color=colour, markersize=13, markeredgecolor="black", markeredgewidth=0.5)
-    _shift_axes(ax, _extent(frame[["centre_row", "centre_col"]].to_numpy()))
+    frame = frame[frame["layer"].isin(layers)]
+    extent = _extent(frame[["centre_row", "centre_col"]].to_numpy(), grid=grid)
+    rows, cols = _grid_of(len(layers))
+    fig = Figure(figsize=(4.6 * cols + 1.8, 4.4 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, layer in zip(axes, layers, strict=False):
+        shown = frame[frame["layer"] == layer]
+        for head, path in shown.sort_values("epoch").groupby("head"):
+            colour, linestyle = head_style(int(head))
+            xy = path[["centre_col", "centre_row"]].to_numpy()
+            ax.plot(xy[:, 0], xy[:, 1], color=colour, linestyle=linestyle, linewidth=1.8, label=f"head {int(head)}")
+            ax.plot(*xy[0], "o", color=colour, markersize=6, markerfacecolor="white", markeredgewidth=1.5)
+            ax.plot(*xy[-1], "*", color=colour, markersize=13, markeredgecolor="black", markeredgewidth=0.5)
+        _shift_axes(ax, extent)
+        last = shown[shown["epoch"] == shown["epoch"].max()]
+        outside = int((last[["centre_row", "centre_col"]].abs().max(axis=1) > extent).sum())
+        heading = f"layer {layer}" + (f": {panel_notes[layer]}" if panel_notes and layer in panel_notes else "")
+        ax.set_title(heading + (f"\n({outside} head{'s' * (outside != 1)} end beyond the view)" if outside else ""))
+    for ax in axes[len(layers) :]:
+        ax.axis("off")
     epochs = f"epochs {frame['epoch'].min()}-{frame['epoch'].max()}" if len(frame) else "no head history"
-    ax.set_title(title or f"Head centres during training, layer {layer} ({epochs})")
-    handles, labels = ax.get_legend_handles_labels()
+    fig.suptitle(title or f"Head centres during training ({epochs})")
+    handles, labels = axes[0].get_legend_handles_labels()
     handles += [
         Line2D([], [], marker="o", color="0.3", markerfacecolor="white", linestyle="", label="start (init)"),
         Line2D([], [], marker="*", color="0.3", markersize=11, linestyle="", label="end"),
     ]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
     return fig
 
 
@@ -100,14 +130,16 @@ def head_contours(
     pruned: Collection[tuple[int, int]] = (),
     title: str = "Attention of each head around the query pixel",
     masses: tuple[float, float] = (0.5, 0.9),
+    grid: tuple[int, int] | None = None,
 ) -> Figure:
     """Figs. 3/7/10: per layer, each head's Gaussian as contours holding 50% (solid) and 90% (dotted) of its
     attention, centre dotted; ``pruned`` heads, as (layer, head) indices into ``geometry`` (from 0), drawn grey
     dashed with an x.
 
     ``geometry`` is ``model.head_geometry()`` or a head-history snapshot's ``layers``: per layer
-    ``{"centres": (H, 2), "sigma_inv": (H, 2, 2)}``. The view is clipped at +-10.5 tokens so that one far head
-    does not shrink every other one to a dot.
+    ``{"centres": (H, 2), "sigma_inv": (H, 2, 2)}``. The view is clipped to the shifts the image has (``grid``, the
+    token grid: +-7.5 tokens for 8x8), or at +-10.5 tokens without one, so that one far head does not shrink every
+    other one to a dot.
     """
     pruned = set(pruned)
     rows, cols = _grid_of(len(geometry))
@@ -119,7 +151,8 @@ def head_contours(
         rings = [(c, [gaussian_contour(c, p, m) for m in masses]) for c, p in zip(centres, precision, strict=True)]
         contours.append(rings)
     points = [pt for layer in contours for _, rings in layer for ring in rings if ring is not None for pt in ring]
-    extent = min(_extent(np.asarray(points).reshape(-1, 2) if points else np.zeros((0, 2))), 10.5)
+    limit = image_extent(grid) if grid is not None else 10.5
+    extent = min(_extent(np.asarray(points).reshape(-1, 2) if points else np.zeros((0, 2))), limit)
     for layer_idx, layer in enumerate(contours):
         ax = fig.add_subplot(rows, cols, layer_idx + 1)
         for head, (centre, rings) in enumerate(layer):
@@ -137,7 +170,7 @@ def head_contours(
             ax.set_xlabel("")
     legend = [Line2D([], [], color="0.2", lw=1.4, label=f"{int(100 * masses[0])}% mass")]
     legend.append(Line2D([], [], color="0.2", lw=1.4, linestyle=":", label=f"{int(100 * masses[1])}% mass"))
-    legend.append(Line2D([], [], marker="s", color="black", linestyle="", label="query pixel"))
+    legend.append(Line2D([], [], marker="s", color="black", markerfacecolor="0.85", linestyle="", label="query pixel"))
     if pruned:
         legend.append(Line2D([], [], color="0.55", lw=1.4, linestyle="--", marker="x", label="pruned head"))
     fig.legend(handles=legend, loc="center right", frameon=False)

@@ -15,14 +15,6 @@ PAPER_SETTING = {"dataset": "cifar10", "image size": "32x32", "epochs": 300, "hi
 
 
 @dataclass(frozen=True)
-class Section:
-    """A titled block of markdown of the report (e.g. a table beyond the paper's)."""
-
-    title: str
-    body: str
-
-
-@dataclass(frozen=True)
 class FigureEntry:
     """A figure of the report: its file (relative to the report), a title, and what it shows vs the paper."""
 
@@ -31,14 +23,25 @@ class FigureEntry:
     sentence: str
 
 
+@dataclass(frozen=True)
+class Section:
+    """A titled block of markdown of the report (e.g. a table beyond the paper's), and the figures its numbers are
+    about, drawn right under it (not in the report's figure list)."""
+
+    title: str
+    body: str
+    figures: Sequence[FigureEntry] = ()
+
+
 def scale_note(setting: Mapping[str, Any]) -> str:
-    """``paper scale`` when the setting is the paper's, else ``smoke scale`` naming what differs."""
+    """``the paper's scale`` when the setting is the paper's, else what differs from it (the setting line before it
+    says what was run; a full run on other data is not a smoke test, so the note never calls it one)."""
     differs = [
         f"{key} {setting.get(key, '?')} (paper: {value})"
         for key, value in PAPER_SETTING.items()
         if str(setting.get(key)) != str(value)
     ]
-    return "paper scale" if not differs else "smoke scale, not the paper's: " + ", ".join(differs)
+    return "the paper's scale" if not differs else "smaller than the paper's setting: " + ", ".join(differs)
 
 
 def render_report(
@@ -74,9 +77,15 @@ def render_report(
         lines += ["Runs with something missing:", ""] + [f"- {note}" for note in run_notes] + [""]
     for section in sections:
         lines += [f"## {section.title}", "", section.body.strip(), ""]
-    lines += ["## Figures", ""]
-    for entry in figures:
-        lines += [f"### {entry.title}", "", f"![{entry.title}]({entry.path})", "", entry.sentence, ""]
+        lines += _figure_lines(section.figures)
+    lines += ["## Figures", ""] + _figure_lines(figures)
     if skipped:
         lines += ["## Figures not drawn", ""] + [f"- {reason}" for reason in skipped] + [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _figure_lines(figures: Sequence[FigureEntry]) -> list[str]:
+    lines = []
+    for entry in figures:
+        lines += [f"### {entry.title}", "", f"![{entry.title}]({entry.path})", "", entry.sentence, ""]
+    return lines

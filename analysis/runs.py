@@ -51,6 +51,7 @@ class LoadedRun:
     source: str  # "tune" | "prune"
     reason: str | None = None
     params: dict[str, Any] = field(default_factory=dict)  # cast from MLflow's strings
+    tags: dict[str, str] = field(default_factory=dict)  # the run's MLflow tags (device, device_name, ...)
     history: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["epoch", *HISTORY_KEYS]))
     test_acc: float = math.nan  # last epoch
     best_test_acc: float = math.nan
@@ -221,6 +222,7 @@ def fetch(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) ->
         record.note(f"run {record.run_id} not found at {uri} ({err.error_code})")
         return record
     record.params = {key: cast_param(value) for key, value in run.data.params.items()}
+    record.tags = dict(run.data.tags)
     record.history = _history(client, record.run_id)
     accs = record.history["test_acc"].dropna()
     if len(accs):

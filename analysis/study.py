@@ -24,7 +24,17 @@ import torch
 from matplotlib.figure import Figure
 
 from analysis import figures
-from analysis.geometry import HEADS_COLUMNS, heads_frame, history_frame
+from analysis.geometry import HEADS_COLUMNS, heads_frame
+from analysis.head_motion import (
+    LAYER_COLUMNS,
+    MATCH_TOLERANCE,
+    MIN_PEAK,
+    RADIUS,
+    TOLERANCE,
+    finding_summary,
+    gap_to_baseline,
+    motion_frame,
+)
 from analysis.report import FigureEntry, Section, render_report
 from analysis.runs import LoadedRun, LoadedStudy
 from analysis.table import (
@@ -57,6 +67,8 @@ PAPER_FIGURE_NUMBERS = {
     "sa_learned_9": "Fig. 6",
 }
 PLOT_KEYS = ["variant", "model", "colour", "seed", "epoch"]  # the first columns of every plot-data CSV
+GAUSSIAN_ENCODINGS = ("quadratic", "generalized_quadratic")  # heads with a centre: Fig. 2 and the finding's numbers
+BASELINE = "resnet18"  # the accuracy gap's reference; else the first variant with arch resnet18
 
 
 @dataclass(frozen=True)
@@ -108,23 +120,27 @@ def _shared(values: list[Any]) -> Any:
 
 
 def setting_of(data: Mapping[str, Any], study: LoadedStudy) -> dict[str, Any]:
-    """What was trained: dataset (params.yaml ``data``), image size (the checkpoints'), and from the runs' own params
-    the epochs, widths and seeds (``a/b`` where variants differ: their names say which is which)."""
+    """What was trained: dataset (params.yaml ``data``), image size and attention tokens (the checkpoints'), from the
+    runs' own params the epochs, widths and seeds, and the device they trained on (their ``device`` tag) (``a/b``
+    where variants differ: their names say which is which)."""
     tune = [r.params for r in study.runs if r.params and r.source == "tune"]
     attention = [p for p in tune if p.get("model.arch", "sa") == "sa"]
     shapes = [r.image_shape for r in study.runs if r.image_shape]
     side = data.get("image_size", "?")
     size = f"{shapes[0][1]}x{shapes[0][2]}" if shapes else f"{side}x{side}"
     seeds = sorted({r.seed for r in study.runs if r.source == "tune"})
+    grids = [(r.model.grid, r.model.downsample) for r in study.runs if isinstance(r.model, SelfAttentionNet)]
     setting = {
         "dataset": data.get("dataset", "?"),
         "image size": size,
+        "tokens": _shared([f"{g[0]}x{g[1]} of {d}x{d} px" for g, d in grids]),
         "epochs": _shared([p.get("train.epochs") for p in tune]),
         "hidden": _shared([p.get("model.hidden") for p in attention]),
         "layers": _shared([p.get("model.layers") for p in attention]),
         "ffn": _shared([p.get("model.ffn") for p in attention]),
         "learned dim": _shared([p.get("model.learned_dim") for p in attention if p.get("model.encoding") == "learned"]),
         "ResNet width": _shared([p.get("model.resnet_width") for p in tune if p.get("model.arch") == "resnet18"]),
+        "device": _shared([r.tags.get("device") for r in study.runs if r.source == "tune"]),
         "seeds": ", ".join(map(str, seeds)) or "none",
     }
     return {key: value for key, value in setting.items() if value != "?"}  # what the runs did not log is left out
@@ -142,6 +158,167 @@ def heads_table(study: LoadedStudy) -> pd.DataFrame:
     ]
     columns = ["variant", "seed", "run_id", *HEADS_COLUMNS]
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
+def head_motions(study: LoadedStudy) -> dict[str, pd.DataFrame]:
+    """Per trained run (by run id) with a head history from its initialisation: ``head_motion.motion_frame`` (layers
+    from 0), measured on the run's own token grid. Pruned models are left out: their fine-tuning starts from a trained
+    model, not from an initialisation."""
+    motions = {}
+    for run in study.runs:
+        if run.source != "tune" or not run.head_history or not isinstance(run.model, SelfAttentionNet):
+            continue
+        try:
+            motions[run.run_id] = motion_frame(run.head_history, run.model.grid)
+        except ValueError as err:  # a history that does not start at the initialisation, or mismatched heads
+            log.warning("head motion of %s seed %d (run %s) not measured: %s", run.variant, run.seed, run.run_id, err)
+    return motions
+
+
+def head_motion_table(study: LoadedStudy, motions: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Every epoch's per-layer head measures of every run in ``motions``: variant, seed, run_id, then
+    ``head_motion.LAYER_COLUMNS`` with layers numbered from 1 (as every figure and CSV shows them)."""
+    frames = [
+        frame.assign(layer=frame["layer"] + 1, variant=run.variant, seed=run.seed, run_id=run.run_id)
+        for run in study.runs
+        if (frame := motions.get(run.run_id)) is not None and len(frame)
+    ]
+    columns = ["variant", "seed", "run_id", *LAYER_COLUMNS]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
+def baseline_of(variants: list[Variant]) -> str | None:
+    """The accuracy gap's reference: ``resnet18`` when run, else the first ResNet18 variant, else None."""
+    names = [v.name for v in variants if v.config.get("arch") == "resnet18"]
+    return BASELINE if BASELINE in names else next(iter(names), None)
+
+
+def accuracy_gaps(summary: Mapping[str, Mapping[str, Any]], variants: list[Variant]) -> tuple[str | None, dict]:
+    """(baseline, per self-attention variant its gap in points: the baseline's mean final test accuracy minus its
+    own, ``head_motion.gap_to_baseline``; NaN where either has no completed run)."""
+    baseline = baseline_of(variants)
+    if baseline is None:
+        return None, {}
+    accuracies = {
+        name: math.nan if row.get("test_acc_mean") is None else float(row["test_acc_mean"])
+        for name, row in summary.items()
+    }
+    accuracies.setdefault(baseline, math.nan)
+    attention = {v.name for v in variants if v.is_attention}
+    return baseline, {name: gap for name, gap in gap_to_baseline(accuracies, baseline).items() if name in attention}
+
+
+def _fmt_gap(gap: float) -> str:
+    return f"{gap:.1f} points" if math.isfinite(gap) else "not measured"
+
+
+def _layer_note(row: pd.Series) -> str:
+    return f"moved {row.displacement:.2f}, {int(row.heads_at_distinct_shifts)} of {int(row.heads)} at distinct shifts"
+
+
+def _gap_sentence(fx: _Figures, baseline: str | None, gaps: Mapping[str, float]) -> str:
+    """Each self-attention variant's accuracy gap to the baseline, its accuracy, and the paper's own gap."""
+    if baseline is None:
+        return "Accuracy gap to ResNet18: not measured, ResNet18 was not run."
+    base = fx.outputs.summary.get(baseline, {}).get("test_acc_mean")
+    if base is None:
+        return f"Accuracy gap to {fx.label(baseline)}: not measured, {fx.label(baseline)} has no completed run."
+    paper_base = fx.variants[baseline].paper if baseline in fx.variants else None
+    parts = []
+    for name, gap in gaps.items():
+        acc = fx.outputs.summary.get(name, {}).get("test_acc_mean")
+        text = f"{fx.label(name)} {_fmt_gap(gap)}" + (f" ({100 * acc:.2f}%)" if math.isfinite(gap) else "")
+        paper = fx.variants[name].paper if name in fx.variants else None
+        if paper is not None and paper.accuracy is not None and paper_base is not None and paper_base.accuracy:
+            text += f", paper {100 * (paper_base.accuracy - paper.accuracy):.1f}"
+        parts.append(text)
+    return (
+        f"Accuracy gap to {fx.label(baseline)} ({100 * base:.2f}%) on the same data and epochs: its mean final test "
+        "accuracy minus the variant's, in points (the paper's gap, CIFAR-10 after 300 epochs, beside it): "
+        + ("; ".join(parts) or "no self-attention variant was run")
+        + "."
+    )
+
+
+def _finding_section(
+    fx: _Figures, summaries: Mapping[str, pd.DataFrame], baseline: str | None, gaps: Mapping[str, float]
+) -> Section:
+    """The paper's finding as numbers (``analysis.head_motion``), per Gaussian-encoding run and layer, the accuracy
+    gap of every self-attention variant, and (as the section's figures, added by the caller) Fig. 2."""
+    intro = (
+        "The paper's claim (Section 4.2): trained from a random initialisation, the quadratic heads of the first "
+        "layers move to distinct shifts around the query pixel and sharpen there, like the taps of a convolution "
+        "kernel. Measured here from each run's own head history (every head's centre and Sigma^-1 per epoch, "
+        "epoch 0 = initialisation; `tables/head_motion.csv` has every epoch) by `analysis/head_motion.py`, in tokens "
+        "(one token = one attention-grid position), init -> last epoch:\n\n"
+        "- **displacement**: mean distance of the layer's head centres from where they were initialised;\n"
+        "- **centre to query**: mean distance of the head centres from the query;\n"
+        "- **attention distance**: mean over heads and queries of E[||key - query||] under the head's attention;\n"
+        f"- **peak**: mean over heads of the largest attention probability of a query ({RADIUS} tokens from every "
+        "border);\n"
+        f"- **heads at distinct shifts**: the most heads that can each be given an integer shift s of their own "
+        f"(max(|s_row|, |s_col|) <= {RADIUS}, a {2 * RADIUS + 1}x{2 * RADIUS + 1} neighbourhood of the query) "
+        f"within {MATCH_TOLERANCE:g} token of the head's centre, counting only sharp heads (peak >= {MIN_PEAK:g}): "
+        "a maximum one-to-one matching of heads to shifts, so two heads on one shift count once where no other "
+        "shift is within reach;\n"
+        f"- **kernel taps / shifts**: the stricter count: sharp heads within {TOLERANCE:g} token of an integer "
+        f"shift in that neighbourhood, and how many different shifts they occupy."
+    )
+    rows = []
+    order = {name: i for i, name in enumerate(fx.variants)}  # the study's order: the paper's models first
+    for run in sorted(fx.study.runs, key=lambda r: (order.get(r.variant, len(order)), r.seed)):
+        summary = summaries.get(run.run_id)
+        if summary is None or summary.empty:
+            continue
+        for i, row in enumerate(summary.itertuples()):
+            rows.append(
+                {
+                    "model": fx.label(run.variant) if i == 0 else "",
+                    "seed": str(run.seed) if i == 0 else "",
+                    "layer": str(row.layer),
+                    "displacement": f"{row.displacement:.2f}",
+                    "centre to query": f"{row.centre_norm_init:.2f} -> {row.centre_norm:.2f}",
+                    "attention distance": f"{row.mean_attention_distance_init:.2f} -> "
+                    f"{row.mean_attention_distance:.2f}",
+                    "peak": f"{row.peak_probability_init:.2f} -> {row.peak_probability:.2f}",
+                    "heads at distinct shifts": f"{row.heads_at_distinct_shifts_init} -> "
+                    f"{row.heads_at_distinct_shifts} of {row.heads}",
+                    "kernel taps / shifts": f"{row.kernel_heads} / {row.distinct_shifts}",
+                }
+            )
+    table = (
+        pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)
+        if rows
+        else "No run of a Gaussian encoding (quadratic, generalized quadratic) kept a head history."
+    )
+    gap_text = _gap_sentence(fx, baseline, gaps)
+    return Section(
+        "The paper's finding, measured: heads move to distinct shifts near the query",
+        f"{intro}\n\n{table}\n\n{gap_text}",
+    )
+
+
+def add_finding_metrics(
+    summary: dict[str, dict[str, Any]],
+    study: LoadedStudy,
+    summaries: Mapping[str, pd.DataFrame],
+    baseline: str | None,
+    gaps: Mapping[str, float],
+) -> None:
+    """Add the finding's numbers to ``metrics_summary``'s entries (``dvc metrics show`` / ``diff`` then compare
+    them across commits): ``gap_to_<baseline>_points`` per self-attention variant, and per Gaussian-encoding variant
+    its first layer's ``layer1_displacement`` and ``layer1_heads_at_distinct_shifts`` (means over seeds)."""
+    for name, gap in gaps.items():
+        if name in summary:
+            summary[name][f"gap_to_{baseline}_points"] = round(gap, 4) if math.isfinite(gap) else None
+    firsts: dict[str, list[pd.Series]] = {}
+    for run in study.runs:
+        frame = summaries.get(run.run_id)
+        if frame is not None and len(frame) and run.variant in summary:
+            firsts.setdefault(run.variant, []).append(frame.iloc[0])
+    for name, rows in firsts.items():
+        summary[name]["layer1_displacement"] = round(float(np.mean([r.displacement for r in rows])), 4)
+        summary[name]["layer1_heads_at_distinct_shifts"] = float(np.mean([r.heads_at_distinct_shifts for r in rows]))
 
 
 def epoch_offsets(study: LoadedStudy) -> dict[str, float]:
@@ -182,7 +359,14 @@ class _Figures:
         self.study, self.layout, self.outputs = study, layout, outputs
         self.variants = {v.name: v for v in variants}
 
-    def add(self, name: str, title: str, build: Callable[[], tuple[Figure, str] | str]) -> None:
+    def add(
+        self,
+        name: str,
+        title: str,
+        build: Callable[[], tuple[Figure, str] | str],
+        into: list[FigureEntry] | None = None,
+    ) -> None:
+        """Build, save and list the figure (in the report's figure list, or in ``into``: a section's figures)."""
         made = build()
         if isinstance(made, str):
             self.outputs.skipped.append(f"{title}: {made}")
@@ -191,7 +375,7 @@ class _Figures:
         fig, sentence = made
         path = figures.save(fig, self.layout.figures / f"{name}.png")
         self.outputs.files.setdefault("figures", []).append(path)
-        self.outputs.figures.append(FigureEntry(f"figures/{path.name}", title, sentence))
+        (self.outputs.figures if into is None else into).append(FigureEntry(f"figures/{path.name}", title, sentence))
         log.info("figure %s written", path)
 
     def first(self, variant: str) -> LoadedRun | str:
@@ -208,33 +392,40 @@ class _Figures:
         return self.variants[variant].label if variant in self.variants else variant
 
 
-def _trajectories(fx: _Figures) -> tuple[Figure, str] | str:
-    gaussian = [v for v, info in fx.variants.items() if info.config.get("encoding") == "quadratic"]
-    variant = "sa_quadratic_9" if "sa_quadratic_9" in gaussian else next(iter(gaussian), None)
-    if variant is None:
-        return "no quadratic-encoding variant was run"
+def fig2_variant(variants: list[Variant]) -> str | None:
+    """The variant whose head centres are the paper's Fig. 2: SA quadratic 9 heads, else the first quadratic one."""
+    quadratic = [v.name for v in variants if v.is_attention and v.config.get("encoding") == "quadratic"]
+    return "sa_quadratic_9" if "sa_quadratic_9" in quadratic else next(iter(quadratic), None)
+
+
+def _trajectories(
+    fx: _Figures, variant: str, summaries: Mapping[str, pd.DataFrame], gaps: Mapping[str, float]
+) -> tuple[Figure, str] | str:
     run = fx.first(variant)
     if isinstance(run, str):
         return run
-    if not run.head_history:
-        return f"{variant} has no head history"
-    layer = len(run.model.layers) // 2 + 1  # the middle layer (the paper's layer 4 of 6)
-    frame = history_frame(run.head_history)
-    frame = frame[frame["layer"] == layer]
-    first, last = frame[frame["epoch"] == frame["epoch"].min()], frame[frame["epoch"] == frame["epoch"].max()]
-    moved = np.hypot(
-        last["centre_row"].to_numpy() - first["centre_row"].to_numpy(),
-        last["centre_col"].to_numpy() - first["centre_col"].to_numpy(),
-    ).mean()
-    reach = np.hypot(last["centre_row"], last["centre_col"]).mean()
-    heads = frame["head"].nunique()
-    title = f"Fig. 2: head centres of {fx.label(variant)}, layer {layer}, seed {run.seed}"
-    fig = figures.head_trajectories(run.head_history, layer, title=title)
+    summary = summaries.get(run.run_id)
+    if not run.head_history or summary is None or summary.empty:
+        return f"{variant} has no head history from its initialisation"
+    layers = summary["layer"].tolist()
+    notes = {int(row.layer): _layer_note(row) for _, row in summary.iterrows()}
+    last = int(summary["epoch"].max())
+    paper = "Fig. 2: h" if variant == fig2_variant(list(fx.variants.values())) else "H"
+    title = f"{paper}ead centres of {fx.label(variant)} during training, every layer, seed {run.seed}"
+    fig = figures.head_trajectories(run.head_history, layers, title=title, grid=run.model.grid, panel_notes=notes)
+    first = summary.iloc[0]
+    gap = f" Its accuracy gap to ResNet18: {_fmt_gap(gaps[variant])}." if variant in gaps else ""
     sentence = (
-        f"Each of the {heads} heads of layer {layer} (the middle layer) moves its attention centre from its random "
-        f"initialisation (circle) to epoch {int(frame['epoch'].max())} (star): on average {moved:.2f} tokens, ending "
-        f"{reach:.2f} tokens from the query. In the paper (layer 4, 300 epochs on CIFAR-10) the centres spread out "
-        "to distinct shifts around the query, like the positions of a convolution kernel."
+        f"Each head's attention centre from its random initialisation (circle) to epoch {last} (star), one panel per "
+        f"layer, in token shifts from the query pixel (outlined square; the view spans at most the shifts of the "
+        f"{run.model.grid[0]}x{run.model.grid[1]} token grid); each panel's title gives the layer's mean "
+        f"displacement and its heads at distinct shifts. Layer 1: the heads moved {first.displacement:.2f} tokens "
+        f"on average, their mean distance from the query went {first.centre_norm_init:.2f} -> "
+        f"{first.centre_norm:.2f} and their attention distance {first.mean_attention_distance_init:.2f} -> "
+        f"{first.mean_attention_distance:.2f}, and {first.heads_at_distinct_shifts:.0f} of {first.heads:.0f} heads sit "
+        f"within {MATCH_TOLERANCE:g} token of a distinct shift near the query (at init: "
+        f"{first.heads_at_distinct_shifts_init:.0f}).{gap} The paper draws layer 4 after 300 epochs on CIFAR-10, its "
+        "centres spread to distinct shifts around the query like the positions of a convolution kernel."
     )
     return fig, sentence
 
@@ -256,7 +447,9 @@ def _pruned_marks(fx: _Figures, variant: str, run: LoadedRun, layers: int) -> tu
     return pruned, sentence + "."
 
 
-def _contours(fx: _Figures, variant: str) -> tuple[Figure, str] | str:
+def _contours(
+    fx: _Figures, variant: str, summaries: Mapping[str, pd.DataFrame], gaps: Mapping[str, float]
+) -> tuple[Figure, str] | str:
     run = fx.first(variant)
     if isinstance(run, str):
         return run
@@ -267,12 +460,24 @@ def _contours(fx: _Figures, variant: str) -> tuple[Figure, str] | str:
     distance = heads_table_of(run).groupby("layer")["mean_distance"].mean()
     figure = PAPER_FIGURE_NUMBERS.get(variant)
     title = f"{figure + ': a' if figure else 'A'}ttention of each head of {fx.label(variant)}, seed {run.seed}"
-    fig = figures.head_contours(geometry, pruned=pruned, title=title)
+    fig = figures.head_contours(geometry, pruned=pruned, title=title, grid=run.model.grid)
+    summary = summaries.get(run.run_id)
+    measured = ""
+    if summary is not None and len(summary):
+        per_layer = ", ".join(f"{row.heads_at_distinct_shifts}" for row in summary.itertuples())
+        first = summary.iloc[0]
+        measured = (
+            f" Layer 1 moved {first.displacement:.2f} tokens from its initialisation; heads within "
+            f"{MATCH_TOLERANCE:g} token of a distinct shift near the query, per layer: {per_layer} (of "
+            f"{first.heads:.0f})."
+        )
+    if variant in gaps:
+        measured += f" Accuracy gap to ResNet18: {_fmt_gap(gaps[variant])}."
     sentence = (
         f"Each head's Gaussian attention around the query pixel (50% and 90% of its mass) in every layer after "
-        f"training; mean attention distance per layer {', '.join(f'{d:.2f}' for d in distance)} tokens. In the paper "
-        "the heads of the early layers attend to distinct nearby shifts (a grid like a convolution kernel) and the "
-        "deeper layers attend further and wider." + pruning
+        f"training; mean attention distance per layer {', '.join(f'{d:.2f}' for d in distance)} tokens.{measured} "
+        "In the paper the heads of the early layers attend to distinct nearby shifts (a grid like a convolution "
+        "kernel) and the deeper layers attend further and wider." + pruning
     )
     return fig, sentence
 
@@ -422,10 +627,19 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
     outputs = Outputs(table=table, heads=heads, summary=metrics_summary(runs, variants), conv_like=conv_like)
     log.info("tables -> %s", layout.tables)
     outputs.files["tables"] = write_table(table, setting, layout.tables / "accuracy")
-    extra = {"runs.csv": as_integers(runs), "heads.csv": heads, "conv_like_heads.csv": as_integers(conv_like)}
+    motions = head_motions(study)
+    summaries = {run_id: finding_summary(frame) for run_id, frame in motions.items()}
+    baseline, gaps = accuracy_gaps(outputs.summary, variants)
+    extra = {
+        "runs.csv": as_integers(runs),
+        "heads.csv": heads,
+        "conv_like_heads.csv": as_integers(conv_like),
+        "head_motion.csv": head_motion_table(study, motions),
+    }
     for name, frame in extra.items():
         frame.to_csv(layout.tables / name, index=False)
         outputs.files["tables"].append(layout.tables / name)
+    add_finding_metrics(outputs.summary, study, summaries, baseline, gaps)
     outputs.files["metrics"] = [write_metrics(outputs.summary, layout.metrics)]
 
     offsets = epoch_offsets(study)
@@ -448,16 +662,29 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
         "Mean attention distance per layer during training",
         lambda: _locality(fx, locality, offsets),
     )
-    fx.add("fig2_trajectories", "Fig. 2: head centres during training", lambda: _trajectories(fx))
+    finding_figures: list[FigureEntry] = []
+    paper_fig2 = fig2_variant(variants)
+    for variant in (v for v in variants if v.is_attention and v.pruned_from is None):
+        if variant.config.get("encoding") not in GAUSSIAN_ENCODINGS:
+            continue
+        is_fig2 = variant.name == paper_fig2
+        fx.add(
+            "fig2_trajectories" if is_fig2 else f"trajectories_{variant.name}",
+            f"{'Fig. 2: head' if is_fig2 else 'Head'} centres of {variant.label} during training",
+            lambda v=variant.name: _trajectories(fx, v, summaries, gaps),
+            into=finding_figures,
+        )
+    if paper_fig2 is None:
+        outputs.skipped.append("Fig. 2: head centres during training: no quadratic-encoding variant was run")
     for variant in (v for v in variants if v.is_attention):
-        build = _contours if variant.config.get("encoding") in ("quadratic", "generalized_quadratic") else None
+        build = _contours if variant.config.get("encoding") in GAUSSIAN_ENCODINGS else None
         figure = PAPER_FIGURE_NUMBERS.get(variant.name)
         prefix = f"{figure}: " if figure else ""
         if build is not None:
             fx.add(
                 f"contours_{variant.name}",
                 f"{prefix}{'head' if prefix else 'Head'} contours of {variant.label}",
-                lambda v=variant.name: _contours(fx, v),
+                lambda v=variant.name: _contours(fx, v, summaries, gaps),
             )
         else:
             fx.add(
@@ -477,7 +704,11 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
     if not study.prune_parent_run_id:
         notes.append("no prune manifest yet: the pruned models and Fig. 7's marks wait for the prune stage")
     table_md = to_markdown(table, setting).split("\n", 2)[2]  # without its setting line: the report's first line
-    sections = [_conv_like_section(conv_like)]
+    finding = _finding_section(fx, summaries, baseline, gaps)
+    sections = [
+        Section(finding.title, finding.body, finding_figures),
+        _conv_like_section(conv_like),
+    ]
     quoted = quoted_table().to_markdown(index=False, disable_numparse=True)
     report = render_report(setting, table_md, outputs.figures, outputs.skipped, notes, sections, not_run, quoted)
     write_text_atomic(layout.report, report)

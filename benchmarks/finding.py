@@ -5,8 +5,10 @@ the sweep's own trial code (``run_trial``), one after the other on one thread, a
 
 - per SA variant and layer (``analysis.head_motion``; distances in tokens, "init->end"): the mean displacement of
   the head centres from their initialisation, their mean distance from the query, the mean attention distance, the
-  mean peak probability, and how many heads are kernel taps (centre within 0.5 tokens of an integer shift at most 2
-  tokens from the query, and at least half of the head's attention on that one key) on how many distinct shifts;
+  mean peak probability, how many heads are kernel taps (centre within 0.5 tokens of an integer shift at most 2
+  tokens from the query, and at least half of the head's attention on that one key) on how many distinct shifts,
+  and how many sharp heads sit within one token of such a shift of their own (the report's "heads at distinct
+  shifts");
 - per variant: final test accuracy, its gap to ResNet18 in points, and the CPU and wall seconds of its training.
 
 CPU seconds (``time.process_time``, this process on one thread) are the figure to compare across machines and
@@ -30,7 +32,15 @@ import pandas as pd
 import torch
 import yaml
 
-from analysis.head_motion import MIN_PEAK, RADIUS, TOLERANCE, motion_frame
+from analysis.head_motion import (
+    MATCH_TOLERANCE,
+    MIN_PEAK,
+    RADIUS,
+    TOLERANCE,
+    finding_summary,
+    gap_to_baseline,
+    motion_frame,
+)
 from benchmarks.common import (
     bad_input_is_a_usage_error,
     epoch_reporter,
@@ -139,34 +149,36 @@ def train_variant(
 
 
 def heads_rows(motion: dict[str, pd.DataFrame]) -> list[dict[str, str]]:
-    """Per SA variant and layer: measures at init -> at the last epoch."""
+    """Per SA variant and layer: measures at init -> at the last epoch (``analysis.head_motion.finding_summary``, as
+    the report computes them)."""
     rows = []
     for variant, frame in motion.items():
-        init, end = frame[frame.epoch == 0], frame[frame.epoch == frame.epoch.max()]
-        for (_, a), (_, b) in zip(init.iterrows(), end.iterrows(), strict=True):  # rows as floats
+        for _, b in finding_summary(frame).iterrows():
             rows.append(
                 {
                     "variant": variant,
-                    "layer": str(int(b.layer) + 1),
+                    "layer": str(int(b.layer)),
                     "displacement": f"{b.displacement:.2f}",
-                    "|centre|": f"{a.centre_norm:.2f}->{b.centre_norm:.2f}",
-                    "attn_distance": f"{a.mean_attention_distance:.2f}->{b.mean_attention_distance:.2f}",
-                    "peak_prob": f"{a.peak_probability:.2f}->{b.peak_probability:.2f}",
-                    "kernel_heads": f"{a.kernel_heads:.0f}->{b.kernel_heads:.0f}/{b.heads:.0f}",
-                    "distinct_shifts": f"{a.distinct_shifts:.0f}->{b.distinct_shifts:.0f}",
+                    "|centre|": f"{b.centre_norm_init:.2f}->{b.centre_norm:.2f}",
+                    "attn_distance": f"{b.mean_attention_distance_init:.2f}->{b.mean_attention_distance:.2f}",
+                    "peak_prob": f"{b.peak_probability_init:.2f}->{b.peak_probability:.2f}",
+                    "kernel_heads": f"{b.kernel_heads_init:.0f}->{b.kernel_heads:.0f}/{b.heads:.0f}",
+                    "distinct_shifts": f"{b.distinct_shifts_init:.0f}->{b.distinct_shifts:.0f}",
+                    "at_distinct_shifts": f"{b.heads_at_distinct_shifts_init:.0f}->{b.heads_at_distinct_shifts:.0f}",
                 }
             )
     return rows
 
 
 def accuracy_rows(finals: dict[str, dict[str, float]]) -> list[dict[str, str]]:
-    """Per variant: final test accuracy, its gap to the baseline (points), CPU and wall seconds of its training."""
-    baseline = finals.get(BASELINE, {}).get("test_acc")
+    """Per variant: final test accuracy, its gap to the baseline (points, ``analysis.head_motion.gap_to_baseline``),
+    CPU and wall seconds of its training."""
+    gaps = gap_to_baseline({variant: m["test_acc"] for variant, m in finals.items()}, BASELINE)
     return [
         {
             "variant": variant,
             "test_acc": f"{m['test_acc']:.3f}",
-            f"gap_to_{BASELINE}": "-" if baseline is None else f"{100 * (baseline - m['test_acc']):+.1f}pt",
+            f"gap_to_{BASELINE}": f"{gaps[variant]:+.1f}pt" if variant in gaps else "-",
             "cpu_s": f"{m['cpu_s']:.1f}",
             "wall_s": f"{m['wall_s']:.1f}",
         }
@@ -208,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     if motion:
         print(
             f"heads, init->end (tokens; kernel head: centre within {TOLERANCE} of an integer shift at most {RADIUS} "
-            f"from the query and >= {MIN_PEAK:.0%} of its attention on that key)"
+            f"from the query and >= {MIN_PEAK:.0%} of its attention on that key; at_distinct_shifts: the sharp heads "
+            f"(>= {MIN_PEAK:.0%}) each within {MATCH_TOLERANCE:g} token of such a shift of its own, a maximum matching)"
         )
         print(text_table(heads_rows(motion), numeric={"layer", "displacement"}))
         print()

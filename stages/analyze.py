@@ -9,13 +9,18 @@ Writes (one row, entry, series and figures per variant the manifests name, the p
         results/tables/runs.csv                 one row per run (with why a run is left out)
         results/tables/heads.csv                per run, layer and head: geometry and last measured locality
         results/tables/conv_like_heads.csv      per variant and layer: heads within a 3x3 kernel's reach
+        results/tables/head_motion.csv          per Gaussian-encoding run, epoch and layer: displacement from init,
+                                                heads at distinct shifts, ... (analysis/head_motion.py)
         results/figures/*.png                   Figs. 2, 4/8, Theorem 1, locality per layer during training, and per
                                                 self-attention variant its contours or attention maps (Figs. 3, 6, 7,
-                                                10 for the paper's) and convolution-likeness
+                                                10 for the paper's) and convolution-likeness; per Gaussian encoding
+                                                its head centres during training (Fig. 2 for SA quadratic)
         results/analysis/metrics.json           per variant: final accuracy, params, FLOPs (`dvc metrics show`)
         results/plots/accuracy.csv              variant, model, colour, seed, epoch, test_acc (`dvc plots show`)
         results/plots/locality.csv              ..., layer, mean_distance, entropy, peak_probability
-        results/report.md                       the setting, the tables, every figure with a sentence
+        results/report.md                       the setting, the tables, the finding's numbers (head displacement,
+                                                heads at distinct shifts, accuracy gap to ResNet18) beside Fig. 2,
+                                                every figure with a sentence
 Side effect: one MLflow run named `analysis` in the sweep's experiment holding these files as artifacts, tagged
 with the tune (and prune) parent run ids; re-running on the same inputs reuses it, on new inputs replaces it.
 """

@@ -98,7 +98,7 @@ def build_study(tmp_path: Path, uri: str, experiment: str) -> dict:
         ("resnet18", 0, "error"),
     ]
     for variant, seed, status in plan:
-        tags = {"mlflow.parentRunId": parent, "variant": variant, "seed": str(seed)}
+        tags = {"mlflow.parentRunId": parent, "variant": variant, "seed": str(seed), "device": "cpu"}
         run_id = client.create_run(experiment_id, run_name=f"{variant}-seed{seed}", tags=tags).info.run_id
         client.log_param(run_id, "train.epochs", str(EPOCHS))
         for key, value in _config(variant).model_dump().items():  # as the sweep logs a trial's model config
@@ -295,12 +295,39 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     }
     assert names == sorted(
         ["fig4_accuracy.png", "locality_distance.png", "fig2_trajectories.png", "theorem1_error_vs_alpha.png"]
+        + ["trajectories_sa_generalized_9.png"]  # every Gaussian encoding's head centres; Fig. 2 is the quadratic's
         + [f"{kind}_{variant}.png" for variant, kind in per_variant.items()]
         + [f"conv_likeness_{variant}.png" for variant in per_variant]
     )
     report = (tmp_path / "results/report.md").read_text()
-    assert report.splitlines()[0].startswith("Setting: dataset: digits; image size: 8x8; epochs: 3")
-    assert "smoke scale" in report.splitlines()[0]
+    setting = report.splitlines()[0]
+    assert setting.startswith("Setting: dataset: digits; image size: 8x8; tokens: 4x4 of 2x2 px; epochs: 3")
+    assert "; device: cpu; seeds: 0, 1" in setting and "smoke" not in setting
+    assert "smaller than the paper's setting: dataset digits (paper: cifar10)" in setting
+
+    # The finding's numbers, from the runs' own head histories: the builder scales every centre by 1.3 per epoch, so
+    # after 3 epochs each head moved 1.3**3 - 1 times its initial distance from the query.
+    motion = pd.read_csv(tmp_path / "results/tables/head_motion.csv")
+    assert set(motion["variant"]) == {"sa_quadratic_9", "sa_generalized_9"}  # Gaussian, trained from init
+    assert sorted(motion["epoch"].unique()) == list(range(EPOCHS + 1)) and sorted(motion["layer"].unique()) == [1, 2]
+    end = motion[motion["epoch"] == EPOCHS].set_index(["variant", "seed", "layer"])
+    init = motion[motion["epoch"] == 0].set_index(["variant", "seed", "layer"])
+    assert end["displacement"].to_numpy() == pytest.approx((1.3**3 - 1) * init["centre_norm"].to_numpy())
+    finding = report.split("## The paper's finding, measured")[1].split("\n## ")[0]
+    first = end.loc[("sa_quadratic_9", 0, 1)]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in finding.splitlines() if line[:1] == "|"]
+    (row,) = [r for r in rows if r[:3] == ["SA quadratic", "0", "1"]]
+    assert row[3] == f"{first['displacement']:.2f}"
+    assert row[4] == f"{init.loc[('sa_quadratic_9', 0, 1), 'centre_norm']:.2f} -> {first['centre_norm']:.2f}"
+    assert "Accuracy gap to ResNet18: not measured, ResNet18 has no completed run." in finding
+    assert "](figures/fig2_trajectories.png)" in finding  # Fig. 2 sits beside its numbers
+    assert f"Layer 1: the heads moved {first['displacement']:.2f} tokens" in finding
+    assert f"{first['heads_at_distinct_shifts']} of 9 heads sit within 1 token" in finding  # counts, not floats
+    firsts = end.xs(1, level="layer").loc["sa_quadratic_9"]  # both seeds' first layer: dvc metrics has their mean
+    assert metrics["sa_quadratic_9"]["layer1_displacement"] == pytest.approx(firsts["displacement"].mean(), abs=1e-4)
+    assert metrics["sa_quadratic_9"]["layer1_heads_at_distinct_shifts"] == firsts["heads_at_distinct_shifts"].mean()
+    assert metrics["sa_quadratic_9"]["gap_to_resnet18_points"] is None  # ResNet18 failed
+    assert "layer1_displacement" not in metrics["sa_learned_9"]
     for name in names:
         assert (tmp_path / "results/figures" / name).read_bytes()[:8] == PNG_MAGIC
         assert f"](figures/{name})" in report  # each figure appears, under its title, with its sentence

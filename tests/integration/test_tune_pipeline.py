@@ -322,7 +322,9 @@ def test_local_ray_talks_over_loopback_only(ray_address: str) -> None:
 def test_repro_ends_with_the_report(swept: dict, project: Project, tmp_path: Path) -> None:
     """The whole pipeline ran: the analysis stage wrote the report, the table, the figures and DVC's plots."""
     report = swept["report"]
-    assert report.startswith("Setting: dataset: digits") and "smoke scale" in report.splitlines()[0]
+    assert (
+        report.startswith("Setting: dataset: digits") and "smaller than the paper's setting" in report.splitlines()[0]
+    )
     table = swept["table"]
     assert "SA quadratic" in table and "ResNet18" in table
     figures = swept["figures"]

@@ -160,6 +160,7 @@ def test_finding_prints_head_motion_and_the_gap_to_resnet(tmp_path: Path, capsys
     assert out.startswith("SMOKE SIZE")  # never mistaken for a measurement
     assert "positional lr x2," in out and "centre init std 1.5;" in out  # the overrides were trained with
     heads_part, accuracy_part = out.split("accuracy after")
+    assert "at_distinct_shifts" in heads_part  # the report's count of heads on shifts of their own
     heads = _table(heads_part, "variant")
     assert [(row[0], row[1]) for row in heads] == [("sa_quadratic_9", "1"), ("sa_quadratic_9", "2")]
     for row in heads:
@@ -167,7 +168,9 @@ def test_finding_prints_head_motion_and_the_gap_to_resnet(tmp_path: Path, capsys
         assert all("->" in cell for cell in row[3:])  # init->end
     accuracy = {row[0]: row for row in _table(accuracy_part, "variant")}
     assert set(accuracy) == {"sa_quadratic_9", "resnet18"}
-    assert accuracy["resnet18"][2] == "+0.0pt"  # the baseline's gap to itself
+    assert accuracy["resnet18"][2] == "-"  # the baseline has no gap to itself
+    gap = 100 * (float(accuracy["resnet18"][1]) - float(accuracy["sa_quadratic_9"][1]))
+    assert _number(accuracy["sa_quadratic_9"][2].removesuffix("pt")) == pytest.approx(gap, abs=0.11)  # base - variant
     assert all(_number(row[3]) > 0 for row in accuracy.values())  # CPU seconds
 
     import pandas as pd

@@ -1,4 +1,4 @@
-"""The finding's measures on hand-built heads: displacement, kernel heads and distinct shifts."""
+"""The finding's measures on hand-built heads: displacement, kernel heads, distinct shifts and the accuracy gap."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import itertools
 import numpy as np
 import pytest
 
-from analysis.head_motion import LAYER_COLUMNS, kernel_shifts, layer_measures, motion_frame
+from analysis.head_motion import (
+    LAYER_COLUMNS,
+    finding_summary,
+    gap_to_baseline,
+    heads_at_distinct_shifts,
+    kernel_shifts,
+    layer_measures,
+    motion_frame,
+)
 
 GRID = (8, 8)
 KERNEL_3X3 = [[r, c] for r, c in itertools.product((-1, 0, 1), repeat=2)]
@@ -46,6 +54,7 @@ def test_a_sharp_3x3_grid_is_nine_distinct_taps_and_a_broad_init_none() -> None:
     assert init.kernel_heads == 0 and init.distinct_shifts == 0  # s = 1: about a fifth of the mass on the peak
     assert init.peak_probability < 0.3
     assert end.kernel_heads == 9 and end.distinct_shifts == 9
+    assert init.heads_at_distinct_shifts == 0 and end.heads_at_distinct_shifts == 9
     assert end.peak_probability > 0.99
     assert end.mean_attention_distance < init.mean_attention_distance  # sharper and closer
     assert end.centre_norm == pytest.approx(np.mean([np.hypot(r, c) for r, c in KERNEL_3X3]))
@@ -59,6 +68,9 @@ def test_heads_on_one_shift_count_once_and_layers_are_separate() -> None:
     assert list(end.layer) == [0, 1]
     assert end.loc[0, "kernel_heads"] == 5 and end.loc[0, "distinct_shifts"] == 2
     assert end.loc[1, "kernel_heads"] == 0  # sharp, but 3 tokens away: outside a 5x5 kernel
+    # within one token, the four crowded heads spread over (1, 0) and its neighbours (0, 0), (2, 0), (1, +-1); the
+    # fifth head's (0, 1) is one of them, so 5 heads on 5 shifts
+    assert end.loc[0, "heads_at_distinct_shifts"] == 5 and end.loc[1, "heads_at_distinct_shifts"] == 0
     assert layer_measures(history[1], history[0], GRID, radius=3).loc[1, "distinct_shifts"] == 1
 
 
@@ -70,3 +82,54 @@ def test_histories_without_heads_or_without_the_initialisation() -> None:
     pruned = snapshot(1, ([[0.0, 0.0]], 1.0))
     with pytest.raises(ValueError, match="1 heads now, 2 at init"):
         layer_measures(pruned, snapshot(0, ([[0.0, 0.0], [1.0, 1.0]], 1.0)), GRID)
+
+
+def test_heads_at_distinct_shifts_is_a_largest_one_to_one_matching() -> None:
+    sharp = [0.9, 0.9]
+    # the first head's options (in shift order) are (-1, 0) then (0, 0); the second has only (-1, 0): a greedy
+    # assignment gives the first head (-1, 0) and strands the second; the matching moves the first to (0, 0)
+    assert heads_at_distinct_shifts([[-0.5, 0.0], [-1.0, 0.0]], sharp, tolerance=0.6) == 2
+    assert heads_at_distinct_shifts([[-1.0, 0.0], [-0.5, 0.0]], sharp, tolerance=0.6) == 2  # in either order
+    # two heads on one shift: within one token both have a shift of their own; within 0.3 only one of them
+    assert heads_at_distinct_shifts([[0.1, 0.0], [0.1, 0.0]], sharp) == 2
+    assert heads_at_distinct_shifts([[0.1, 0.0], [0.1, 0.0]], sharp, tolerance=0.3) == 1
+    # never more heads than the shifts within reach: five heads at the query have the query and its 4 neighbours
+    assert heads_at_distinct_shifts([[0.0, 0.0]] * 6, [0.9] * 6) == 5
+    # broad heads do not count; a sharp head counts when within one token of a shift in the 5x5 kernel
+    assert heads_at_distinct_shifts([[0.0, 0.0], [1.0, 1.0]], [0.4, 0.2]) == 0
+    assert heads_at_distinct_shifts([[2.9, 0.0], [3.1, 0.0], [2.8, 2.8]], [0.9] * 3) == 1  # only (2.9, 0) -> (2, 0)
+    assert heads_at_distinct_shifts([[2.9, 0.0]], [0.9], radius=1) == 0
+    assert heads_at_distinct_shifts(np.zeros((0, 2)), []) == 0
+    with pytest.raises(ValueError, match="2 centres but 1 peak"):
+        heads_at_distinct_shifts([[0.0, 0.0], [1.0, 0.0]], [0.9])
+
+
+def test_finding_summary_gives_init_and_end_per_layer_numbered_from_one() -> None:
+    start = [[r + 0.3, c - 0.4] for r, c in KERNEL_3X3]
+    history = [
+        snapshot(0, (start, 1.0), ([[3.0, 3.0]] * 2, 1.0)),
+        snapshot(1, ([[0.0, 0.0]] * 9, 1.0), ([[3.0, 3.0]] * 2, 1.0)),
+        snapshot(2, (KERNEL_3X3, 100.0), ([[2.0, 3.0]] * 2, 100.0)),
+    ]
+    summary = finding_summary(motion_frame(history, GRID)).set_index("layer")
+    assert list(summary.index) == [1, 2]
+    first, second = summary.loc[1], summary.loc[2]
+    assert first.epoch == 2 and first.heads == 9
+    assert first.displacement == pytest.approx(0.5)  # init -> last epoch, not -> the middle one
+    assert (first.heads_at_distinct_shifts_init, first.heads_at_distinct_shifts) == (0, 9)
+    assert (first.kernel_heads_init, first.kernel_heads, first.distinct_shifts) == (0, 9, 9)
+    assert first.peak_probability_init < 0.3 < 0.99 < first.peak_probability
+    assert first.mean_attention_distance < first.mean_attention_distance_init
+    assert second.displacement == pytest.approx(1.0) and second.centre_norm_init == pytest.approx(np.hypot(3, 3))
+    assert second.heads_at_distinct_shifts == 1  # two sharp heads at (2, 3): only (2, 2) is within one token
+    assert finding_summary(motion_frame([], GRID)).empty
+
+
+def test_gap_to_baseline_in_points() -> None:
+    gaps = gap_to_baseline(
+        {"resnet18": 0.99, "sa_quadratic_9": 0.95, "sa_learned_9": 1.0, "bad": float("nan")}, "resnet18"
+    )
+    assert gaps.keys() == {"sa_quadratic_9", "sa_learned_9", "bad"}
+    assert gaps["sa_quadratic_9"] == pytest.approx(4.0) and gaps["sa_learned_9"] == pytest.approx(-1.0)
+    assert np.isnan(gaps["bad"])
+    assert gap_to_baseline({"sa_quadratic_9": 0.9}, "resnet18") == {}

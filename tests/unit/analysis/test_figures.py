@@ -54,10 +54,33 @@ def _check_png(fig: Figure, path: Path, min_size: tuple[int, int] = (300, 250)) 
 
 
 def test_head_trajectories(tmp_path: Path) -> None:
-    fig = figures.head_trajectories(_history(_model("sa_quadratic_9")), layer=2)
-    assert "layer 2" in fig.axes[0].get_title() and "epochs 0-2" in fig.axes[0].get_title()
-    assert len(fig.axes[0].get_legend().get_texts()) == 9 + 3  # heads, query pixel, start, end
+    fig = figures.head_trajectories(_history(_model("sa_quadratic_9")), layers=2)
+    assert "layer 2" in fig.axes[0].get_title() and "epochs 0-2" in fig._suptitle.get_text()
+    assert len(fig.legends[0].get_texts()) == 9 + 3  # heads, query pixel, start, end
     _check_png(fig, tmp_path / "fig2.png")
+
+
+def test_head_trajectories_one_panel_per_layer_within_the_image(tmp_path: Path) -> None:
+    model = _model("sa_quadratic_9")  # 16x16 pixels at downsample 2: an 8x8 token grid
+    history = _history(model, epochs=12)  # centres x 1.2 per epoch: some end far beyond the image
+    notes = {1: "moved 1.00 tokens", 3: "2 of 9 heads at distinct shifts"}
+    fig = figures.head_trajectories(history, layers=[1, 2, 3], grid=(8, 8), panel_notes=notes)
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    assert [ax.get_title().split("\n")[0] for ax in panels] == [
+        "layer 1: moved 1.00 tokens",
+        "layer 2",
+        "layer 3: 2 of 9 heads at distinct shifts",
+    ]
+    for ax in panels:
+        assert ax.get_xlim() == (-7.5, 7.5) and ax.get_ylim() == (7.5, -7.5)  # shifts of an 8x8 grid, not beyond
+    last = history[-1]["layers"][0]["centres"]
+    beyond = sum(max(abs(r), abs(c)) > 7.5 for r, c in last)
+    assert beyond > 0 and f"({beyond} heads end beyond the view)" in panels[0].get_title()
+    close = [
+        {"epoch": e, "layers": [{"centres": [[0.5 * e, -1.0]], "sigma_inv": [np.eye(2).tolist()]}]} for e in (0, 1)
+    ]
+    assert figures.head_trajectories(close, layers=[1], grid=(8, 8)).axes[0].get_xlim() == (-3.5, 3.5)  # zoomed in
+    _check_png(fig, tmp_path / "fig2_layers.png", min_size=(900, 350))
 
 
 def test_head_contours_mark_pruned_heads(tmp_path: Path) -> None:
@@ -68,6 +91,12 @@ def test_head_contours_mark_pruned_heads(tmp_path: Path) -> None:
     assert len(dashed_grey) == 2  # the pruned head's 50% and 90% contours
     assert "pruned head" in [t.get_text() for t in fig.legends[0].get_texts()]
     _check_png(fig, tmp_path / "fig3.png", min_size=(900, 600))
+
+
+def test_head_contours_span_the_image_shifts_only() -> None:
+    geometry = [{"centres": np.array([[0.0, 1.0], [9.0, -9.0]]), "sigma_inv": np.stack([np.eye(2), np.eye(2)])}]
+    assert figures.head_contours(geometry, grid=(8, 8)).axes[0].get_xlim() == (-7.5, 7.5)  # an 8x8 token grid
+    assert figures.head_contours(geometry).axes[0].get_xlim() == (-10.5, 10.5)  # no grid given: the old bound
 
 
 def test_head_contours_of_a_flat_head_skip_its_contour(tmp_path: Path) -> None:
