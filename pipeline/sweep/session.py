@@ -180,6 +180,28 @@ def keep_local_ray_on_loopback() -> None:
         os.environ.setdefault(key, value)
 
 
+TOKEN_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class TokenAdviceFilter(logging.Filter):
+    """Ray 2.60's local ``ray.init`` logs "Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out":
+    advice this project never takes (token auth stays on). The line is replaced by one that says what is true."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "opt out" not in record.getMessage():
+            return True
+        where = auth_token_source() or str(DEFAULT_TOKEN_FILE)
+        log.info("ray: token authentication is on for the local Ray (token: %s); the pipeline keeps it on", where)
+        return False
+
+
+def quiet_token_advice() -> None:
+    """Install ``TokenAdviceFilter`` on Ray's token-setup logger (once)."""
+    logger = logging.getLogger(TOKEN_SETUP_LOGGER)
+    if not any(isinstance(f, TokenAdviceFilter) for f in logger.filters):
+        logger.addFilter(TokenAdviceFilter())
+
+
 @contextmanager
 def ray_session(sweep: SweepConfig) -> Iterator[str]:
     """Attach to ``sweep.ray_address`` / ``RAY_ADDRESS``, or start a local Ray bound to 127.0.0.1; say which."""
@@ -190,6 +212,7 @@ def ray_session(sweep: SweepConfig) -> Iterator[str]:
         yield "existing"
         return
     address = ray_address(sweep)
+    quiet_token_advice()
     caller_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
         from pipeline.sweep.identity import PROJECT_ROOT
