@@ -269,6 +269,12 @@ def test_interrupted_sweep_restores(
     before = {r.info.run_id: r for r in children(client, record)}
     assert client.get_run(record["parent_run_id"]).info.status == "KILLED"
     assert before and all(r.info.status == "KILLED" for r in before.values())
+    dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout  # what the restore below will do
+    plans = [line for line in dry.splitlines() if line.startswith(("sa_quadratic_9 ", "resnet18 "))]
+    assert len(plans) == 2 and "interrupted: would restore it" in dry, dry
+    assert not [line for line in plans if line.endswith(" train")], dry  # none would train from scratch
+    resumed = [line for line in plans if "restore: resume after epoch" in line]
+    assert resumed and all(("restore: " in line) or line.split("  ")[-1].startswith("reuse") for line in plans), dry
 
     second = project.run("python", "-m", "stages.tune")
     assert "restoring the interrupted sweep" in second.stderr
