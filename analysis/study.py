@@ -36,6 +36,7 @@ from analysis.table import (
     format_conv_like,
     metrics_summary,
     quoted_table,
+    size_metrics,
     to_markdown,
     write_metrics,
     write_table,
@@ -426,7 +427,7 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
     for name, frame in extra.items():
         frame.to_csv(layout.tables / name, index=False)
         outputs.files["tables"].append(layout.tables / name)
-    outputs.files["metrics"] = [write_metrics(outputs.summary, layout.metrics)]
+    outputs.files["metrics"] = [write_metrics(size_metrics(outputs.summary), layout.metrics)]
 
     offsets = epoch_offsets(study)
     curves = on_study_axis(study.curves(), offsets)

@@ -46,7 +46,8 @@ def test_prune_manifest_names_finished_fine_tuning_runs(pruned: dict) -> None:
     manifest = pruned["manifest"]
     client = MlflowClient(manifest["tracking_uri"])
     parent = client.get_run(manifest["parent_run_id"])
-    assert parent.info.status == "FINISHED" and parent.info.run_name.startswith("prune prune.epochs=2, ")
+    assert parent.info.status == "FINISHED" and parent.info.run_name.startswith("prune ")
+    assert 'sweep.variants=["sa_generalized_9"]' in parent.info.run_name  # what differs from the committed params
     assert (
         manifest["experiment_name"].startswith("prune-")
         and manifest["experiment_id"] == pruned["tune"]["experiment_id"]
@@ -88,7 +89,8 @@ def test_pruned_model_is_smaller_and_recorded_with_its_decisions(pruned: dict) -
         assert 0.0 <= model[key] <= 1.0
     cut = [d for layer in model["decisions"] for d in layer if d["pruned"]]
     assert len(cut) == sum(model["pruned_heads"]) and all("most degenerate" in d["reason"] for d in cut)
-    assert pruned["metrics"]["sa_generalized_9_pruned"]["params"] == model["params_after"]
+    # What only this stage measures (before pruning is the tune stage's test_acc, sizes the analyze stage's):
+    assert set(pruned["metrics"]["sa_generalized_9_pruned"]) == {"acc_after_pruning", "test_acc", "seeds"}
     assert "heads cut per layer" in pruned["dry_run"] and f"{model['params_after']:,}" in pruned["dry_run"]
     assert f"fine-tuning: reuse run {model['run_id']}" in pruned["dry_run"]  # run after the stage: nothing to train
 
