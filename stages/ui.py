@@ -1,7 +1,8 @@
 """Print the MLflow UI address of the last sweep: its trials' runs, in the model-training view, best test_acc first.
 
 Reads results/tune/manifest.json (the experiment and the trials' runs); without one (no sweep yet), the experiments
-list. `make ui PORT=5001` prints this address and serves the project's store on that port.
+list. A sweep tracked on an MLflow server (tracking.uri: http://...) gets that server's address. `make ui PORT=5001`
+prints this address and serves the project's store on that port.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def ui(args: argparse.Namespace, params: Params) -> int:
         print(f"MLflow UI: {experiments_url(base)} (no sweep yet: {args.manifest} is missing)")
         return 0
     manifest = json.loads(args.manifest.read_text())
+    server = str(manifest.get("tracking_uri", ""))
+    if server.startswith(("http://", "https://")):  # the sweep's runs are on that server, not in the local store
+        base = server
     run_ids = [trial["run_id"] for trial in manifest.get("trials", []) if trial.get("run_id")]
     url = runs_url(base, manifest["experiment_id"], run_ids, manifest.get("parent_run_id"))
     print(f"MLflow UI, the sweep's {len(run_ids)} trial runs: {url}")

@@ -71,3 +71,12 @@ def test_make_ui_prints_the_url_of_the_manifests_sweep(tmp_path: Path, capsys) -
     assert ui.main(args) == 0
     out = capsys.readouterr().out
     assert "sweep's 1 trial runs: http://127.0.0.1:5123/#/experiments/3/runs?searchFilter=" in out
+
+
+def test_a_sweep_on_a_tracking_server_gets_that_servers_url(tmp_path: Path, capsys) -> None:
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        '{"tracking_uri": "http://mlflow-host:5000", "experiment_id": "4", "trials": [{"run_id": "a"}]}'
+    )
+    assert ui.main(["--params", str(PARAMS), "--manifest", str(manifest)]) == 0
+    assert "runs: http://mlflow-host:5000/#/experiments/4/runs?" in capsys.readouterr().out
