@@ -88,6 +88,9 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
         ):
             assert tags.get(key), key
         assert tags["tune.retries"] == "1" and tags["tune.status"] == "finished"
+        # Sampled in the Ray worker by MLflow's own monitor, with the hardware as tags:
+        assert tags["host.cpu"] and tags["torch.version"] and tags["host.memory_gb"]
+        assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= run.data.metrics.keys()
         assert run.data.params["train.epochs"] == "2"
         if tags["variant"] == "resnet18":  # only the params of its architecture: no encoding, heads, attention
             assert {k for k in run.data.params if k.startswith("model.")} == {"model.arch", "model.resnet_width"}

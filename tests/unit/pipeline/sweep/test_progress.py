@@ -73,3 +73,11 @@ def test_stages_draw_no_progress_bars_into_a_log(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("sys.stderr.isatty", lambda: False)
     setup_logging()
     assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false" and os.environ["TQDM_DISABLE"] == "1"
+
+
+def test_the_dashboard_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(session.DASHBOARD_ENV, raising=False)
+    assert not session.wants_dashboard()
+    for value, wanted in (("1", True), ("true", True), ("0", False), ("", False)):
+        monkeypatch.setenv(session.DASHBOARD_ENV, value)
+        assert session.wants_dashboard() is wanted
