@@ -227,6 +227,7 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
     assert child.info.run_name in dom["child"] and DATASET_NAME in dom["child"]  # the dataset it trained on
     assert child.data.tags[MODEL_URI_TAG].removeprefix("models:/") in dom["child"]  # its logged model
     assert "it-sweep.resnet18" in dom["registered_model"] and "Version" in dom["registered_model"]
+    assert "@&nbsp;best<" in dom["registered_model"]  # the alias on the best version
 
 
 def test_dvc_exp_run_names_its_mlflow_runs(swept: dict, project: Project, project_params: dict) -> None:
