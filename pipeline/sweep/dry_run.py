@@ -136,12 +136,17 @@ def dry_run_text(params: Params, project_root: Path) -> str:
         }
     grid = trial_grid(params)
     lines = [f"{'variant':<20} {'seed':>4} {'cpu':>5} {'gpu':>5}  plan"]
+    # Without the prepared data its content hash, part of every trial's identity, is unknown: so is whether a finished
+    # run (a queued experiment's, say) would be reused. `dvc repro` prepares it first (or checks it out of the cache).
+    unknown = "train or reuse: unknown until the data is prepared (its hash is part of each trial's identity)"
     for t in grid:
-        what = action.get((t["variant"], t["seed"]), "train")
+        what = action.get((t["variant"], t["seed"]), "train" if data_hash else unknown)
         lines.append(f"{t['variant']:<20} {t['seed']:>4} {t['cpu']:>5g} {t['gpu']:>5g}  {what}")
     asha = params.sweep.asha
     scheduler = f"ASHA (grace {asha.grace_period}, reduction {asha.reduction_factor})" if asha.enabled else "none"
     to_train = sum(not words.startswith("reuse") for words in action.values()) if decisions is not None else len(grid)
+    if not data_hash:
+        to_train = "?"
     lines += [
         "",
         f"trials: {len(grid)} ({to_train} to train or resume), {params.train.epochs} epochs each, "
