@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LOCK := requirements.lock
 LOCK_VENV := .lock-venv
+PORT ?= 5000
 
 .PHONY: install lock repro test test-fast lint format describe ui
 
@@ -51,10 +52,8 @@ format: $(STAMP)  ## rewrite the files as ruff format writes them
 describe: $(STAMP)  ## parameter / FLOP table of the paper's models
 	$(BIN)/python -m stages.describe
 
-ui: $(STAMP)  ## MLflow UI on the project's store at http://127.0.0.1:5000 (local only), on the sweep's runs table
-	@$(BIN)/python -c "from pipeline.config import load_params; from pipeline.sweep.tracking.store import mlflow_client; \
-		e = mlflow_client('sqlite:///$(CURDIR)/mlflow.db').get_experiment_by_name(load_params('params.yaml').tracking.experiment); \
-		page = f'experiments/{e.experiment_id}/runs' if e else 'experiments?workflowType=machine_learning'; \
-		print(f'MLflow UI: http://127.0.0.1:5000/#/{page} (Ctrl-C stops it)')"
+ui: $(STAMP)  ## MLflow UI on the project's store at http://127.0.0.1:$(PORT) (local only; PORT=5000), on the sweep's trials
+	@$(BIN)/python -m stages.ui --port $(PORT)
+	@echo "(Ctrl-C stops the server)"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
-		--host 127.0.0.1 --port 5000 --workers 1
+		--host 127.0.0.1 --port $(PORT) --workers 1

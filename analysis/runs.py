@@ -329,7 +329,9 @@ def log_analysis_run(
         client.update_run(run_id, status="RUNNING")
         log.info("MLflow: reusing analysis run %s (same inputs)", run_id)
     else:
-        run_id = client.create_run(study.experiment_id, run_name="analysis", tags=tags).info.run_id
+        # Named after the sweep it analyses (``analysis of tune sunny-bass``): several analyses are told apart.
+        sweep = client.get_run(study.tune_parent_run_id).info.run_name
+        run_id = client.create_run(study.experiment_id, run_name=f"analysis of {sweep}", tags=tags).info.run_id
         log.info("MLflow: analysis run %s", run_id)
     for key, value in tags.items():
         client.set_tag(run_id, key, value)

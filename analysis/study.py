@@ -46,6 +46,7 @@ from analysis.table import (
     format_conv_like,
     metrics_summary,
     quoted_table,
+    size_metrics,
     to_markdown,
     write_metrics,
     write_table,
@@ -305,7 +306,7 @@ def add_finding_metrics(
     baseline: str | None,
     gaps: Mapping[str, float],
 ) -> None:
-    """Add the finding's numbers to ``metrics_summary``'s entries (``dvc metrics show`` / ``diff`` then compare
+    """Add the finding's numbers to the analyze stage's metrics entries (``dvc metrics show`` / ``diff`` then compare
     them across commits): ``gap_to_<baseline>_points`` per self-attention variant, and per Gaussian-encoding variant
     its first layer's ``layer1_displacement`` and ``layer1_heads_at_distinct_shifts`` (means over seeds)."""
     for name, gap in gaps.items():
@@ -639,8 +640,9 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
     for name, frame in extra.items():
         frame.to_csv(layout.tables / name, index=False)
         outputs.files["tables"].append(layout.tables / name)
-    add_finding_metrics(outputs.summary, study, summaries, baseline, gaps)
-    outputs.files["metrics"] = [write_metrics(outputs.summary, layout.metrics)]
+    metrics = size_metrics(outputs.summary)
+    add_finding_metrics(metrics, study, summaries, baseline, gaps)
+    outputs.files["metrics"] = [write_metrics(metrics, layout.metrics)]
 
     offsets = epoch_offsets(study)
     curves = on_study_axis(study.curves(), offsets)

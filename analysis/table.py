@@ -335,6 +335,17 @@ def metrics_summary(
     }
 
 
+SIZE_MEASURES = ("params", "flops_paper", "flops_full")
+
+
+def size_metrics(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What the analyze stage adds to ``dvc metrics show``: each variant's size (params, FLOPs), which no other stage
+    measures (``study.add_finding_metrics`` adds the finding's numbers, derived here alone). Accuracies are the tune
+    stage's (``results/tune/metrics.json``) and the prune stage's (``results/prune/metrics.json``): one measure, one
+    file, one name."""
+    return {variant: {key: row[key] for key in SIZE_MEASURES} for variant, row in summary.items()}
+
+
 def write_metrics(summary: Mapping[str, Any], path: Path | str) -> Path:
     """Write ``metrics_summary`` as indented JSON (strict: no NaN)."""
     path = Path(path)

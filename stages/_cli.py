@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -32,6 +33,11 @@ def make_parser(doc: str | None) -> argparse.ArgumentParser:
 
 
 def setup_logging(verbose: bool = False) -> None:
+    """One line per log record on stderr; when stderr is not a terminal (a log file, `dvc repro` piped, CI), no
+    progress bars: MLflow's artifact download bars and other tqdm bars would write a line per refresh."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        os.environ.setdefault("TQDM_DISABLE", "1")
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -70,8 +70,9 @@ class PruneManifest:
     PATHS: ClassVar[tuple[str, ...]] = ("ray_experiment_path",)
 
     def metrics_summary(self) -> dict[str, dict[str, float]]:
-        """Per pruned variant (``<variant>_pruned``), for ``dvc metrics show``: accuracies at the three moments,
-        parameters and paper-convention FLOPs after pruning, averaged over seeds."""
+        """Per pruned variant (``<variant>_pruned``), for ``dvc metrics show``: test accuracy right after pruning and
+        after fine-tuning, averaged over seeds. Only what this stage measures: the accuracy before pruning is the
+        tune stage's ``test_acc``, params and FLOPs are the analyze stage's."""
         per_variant: dict[str, list[PrunedModel]] = {}
         for model in self.models:
             if model.acc_after_finetune is not None:
@@ -80,11 +81,8 @@ class PruneManifest:
         for name, models in sorted(per_variant.items()):
             n = len(models)
             summary[name] = {
-                "acc_before_pruning": sum(m.acc_before_pruning for m in models) / n,
                 "acc_after_pruning": sum(m.acc_after_pruning for m in models) / n,
                 "test_acc": sum(m.acc_after_finetune or 0.0 for m in models) / n,
-                "params": sum(m.params_after for m in models) / n,
-                "flops_paper": sum(m.flops_after["paper"] for m in models) / n,
                 "seeds": n,
             }
         return summary

@@ -35,10 +35,11 @@ from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracked import TrackedOutcome, TrackedStage, run_tracked
 from pipeline.sweep.tracking.buffer import TrackingBuffer
 from pipeline.sweep.tracking.callback import TrialInfo
+from pipeline.sweep.tracking.logged_model import PreparedDataset
 from pipeline.sweep.tracking.parent import ParentRun
 from pipeline.sweep.tracking.registry import register_best_models
 from pipeline.sweep.tracking.store import find_runs, mlflow_client
-from pipeline.sweep.tracking.tags import KEY_TAG, flatten, git_commit
+from pipeline.sweep.tracking.tags import KEY_TAG, NOTE_TAG, flatten, git_commit, parent_run_name
 from pipeline.sweep.tuner import trial_config
 from pipeline.trial.checkpoint import save_model_checkpoint
 from pipeline.trial.device import resolve_device
@@ -107,7 +108,7 @@ def finetune_run_info(
     plan = plans[f"{config['variant']}-seed{config['seed']}"]
     per_layer = {f"prune.pruned_heads.layer{i + 1}": str(n) for i, n in enumerate(plan["pruned_heads"])}
     return TrialInfo(
-        run_name=f"{info.run_name}-pruned",
+        run_name=f"{info.run_name} pruned",
         params={
             **info.params,
             **per_layer,
@@ -120,9 +121,23 @@ def finetune_run_info(
             "source_run_id": plan["source_run_id"],
             "prune.pruned_heads": str(plan["pruned_heads"]),
             "prune.pruned_dir": plan["pruned_dir"],
+            NOTE_TAG: pruned_note(plan),
         },
         start_metrics={"test_acc": plan["acc_after_pruning"], "test_loss": plan["loss_after_pruning"]},
         start_artifacts={"pruning_decisions.json": plan["decisions"]},
+    )
+
+
+def pruned_note(plan: dict[str, Any]) -> str:
+    """The fine-tuning run's description (Markdown in the UI): which run it was pruned from, as a link, and what
+    pruning cut."""
+    source = f"#/experiments/{plan['source_experiment_id']}/runs/{plan['source_run_id']}"
+    cut = sum(plan["pruned_heads"])
+    return (
+        f"Pruned from [{plan['source_run_name']}]({source}) (run `{plan['source_run_id']}`): {cut} of "
+        f"{cut + sum(plan['heads_per_layer'])} heads cut (per layer {plan['pruned_heads']}), then fine-tuned. "
+        f"Step 0 is the test accuracy right after pruning ({plan['acc_after_pruning']:.4f}); "
+        "`pruning_decisions.json` holds each head's decision."
     )
 
 
@@ -150,6 +165,7 @@ class Prune(TrackedStage):
         self.params, self.data, self.tune_manifest, self.plans = params, data, tune_manifest, plans
         self.keys = {plan.key: prune_key(params, plan) for plan in plans}
         self.name, self.work = prune_name(list(self.keys.values())), "fine-tuning"
+        self.run_name = parent_run_name(STAGE, params, project_root, self.name)
         self.tracking_uri = tune_manifest.tracking_uri
         client = mlflow_client(self.tracking_uri)
         self.experiment = client.get_experiment(tune_manifest.experiment_id).name
@@ -159,7 +175,8 @@ class Prune(TrackedStage):
         self.rule = finetune_rule(params)
         self.parent_params = flatten({"prune": self.rule, "sources": len(plans)})
         self.tuner_params = finetune_params(params)
-        self.dataset = None
+        self.data_hash = content_hash(data)
+        self.dataset = PreparedDataset.of(params.data, self.data_hash, project_root)  # the fine-tuning's input
         self.summaries: dict[str, dict] = {}  # per model fine-tuned in this run: what pruning did (its run's info)
         self.reused: dict[str, PrunedModel] = {}  # per model reused: read from its finished fine-tuning run
 
@@ -192,6 +209,8 @@ class Prune(TrackedStage):
             )
             self.summaries[plan.key] = {
                 "source_run_id": str(plan.source.run_id),
+                "source_run_name": plan.source.run_name or plan.key,
+                "source_experiment_id": self.tune_manifest.experiment_id,
                 "pruned_heads": plan.pruned_heads,
                 "heads_per_layer": plan.heads_per_layer,
                 "acc_after_pruning": accuracy,
@@ -204,7 +223,7 @@ class Prune(TrackedStage):
         run_info = functools.partial(
             finetune_run_info,
             params_json=self.tuner_params.model_dump(mode="json"),
-            data_hash=content_hash(self.data),
+            data_hash=self.data_hash,
             plans=self.summaries,
         )
         return trials, run_info

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.fs as pafs
 from mlflow.exceptions import MlflowException
 
 from pipeline.config import Params
@@ -16,9 +17,9 @@ from pipeline.io import check_tracking_server
 from pipeline.sweep.grid import sweep_decisions, trial_grid
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.manifest import METRIC, MODE
-from pipeline.sweep.reuse import REUSE, TrialDecision, read_decisions
+from pipeline.sweep.reuse import TRAIN, TrialDecision, read_decisions
 from pipeline.sweep.session import ray_address
-from pipeline.sweep.storage import storage_dir
+from pipeline.sweep.storage import StoragePath, storage_dir
 from pipeline.sweep.tracking.parent import parent_finished
 from pipeline.sweep.tracking.store import active_experiment_id, tracking_uri
 from pipeline.sweep.tuner import restorable, saved_by_tune
@@ -55,6 +56,44 @@ def dry_run_decisions(
     return sweep_decisions(params, data_hash, uri, experiment_id), state
 
 
+def saved_trials(path: StoragePath) -> dict[tuple[str, int], tuple[str, int]]:
+    """(variant, seed) -> (Tune status, last reported epoch) of each trial in the newest experiment state Tune saved at
+    ``path`` (empty when there is none or it cannot be read): what a restore finds."""
+    try:
+        listed = path.filesystem.get_file_info(pafs.FileSelector(path.fs_path, allow_not_found=True))
+        states = sorted(i.base_name for i in listed if i.base_name.startswith("experiment_state-"))
+        if not states:
+            return {}
+        state = json.loads((path / states[-1]).read_text())
+        trials = {}
+        for trial_json, runtime_json in state["trial_data"]:
+            trial, runtime = json.loads(trial_json), json.loads(runtime_json)
+            config = trial.get("config") or {}
+            epoch = int((runtime.get("last_result") or {}).get("epoch") or 0)
+            trials[(config["variant"], int(config["seed"]))] = (trial["status"], epoch)
+        return trials
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def restore_words(decision: TrialDecision, saved: tuple[str, int] | None, epochs: int) -> str:
+    """What restoring the interrupted sweep does with one trial it started with: ``reuse`` a trial that finished
+    before the interrupt (Tune keeps it), ``restore: resume`` one that trained some epochs (from its newest
+    checkpoint), ``restore: start`` one Tune had not started (``restore: resume run ...`` when it continues a run
+    of an earlier sweep)."""
+    if saved is None:
+        return f"restore: {decision.words()}"
+    status, epoch = saved
+    if status == "TERMINATED":
+        early = "" if epoch >= epochs else ", stopped early by ASHA"
+        return f"reuse (finished before the interrupt: epoch {epoch}{early})"
+    if epoch > 0:
+        return f"restore: resume after epoch {epoch} (its newest checkpoint)" + (
+            " after an error" if status == "ERROR" else ""
+        )
+    return f"restore: {decision.words()}" if decision.action != TRAIN else "restore: start (not started before)"
+
+
 def stale_data(params: Params, project_root: Path) -> list[str]:
     """How the prepared data on disk differs from what ``params.data`` asks for (empty when it matches or is missing):
     a dry run must not present, say, the digits prepared for the smoke profile as the paper's CIFAR-10."""
@@ -89,14 +128,25 @@ def dry_run_text(params: Params, project_root: Path) -> str:
     address = ray_address(params.sweep)
     decisions, state = dry_run_decisions(params, project_root, data_hash)
     action = {(d.variant, d.seed): d.words() for d in decisions or []}
+    if state.startswith("interrupted"):  # Tune's saved state says how far each trial got
+        saved = saved_trials(path)
+        action = {
+            (d.variant, d.seed): restore_words(d, saved.get((d.variant, d.seed)), params.train.epochs)
+            for d in decisions or []
+        }
     grid = trial_grid(params)
     lines = [f"{'variant':<20} {'seed':>4} {'cpu':>5} {'gpu':>5}  plan"]
+    # Without the prepared data its content hash, part of every trial's identity, is unknown: so is whether a finished
+    # run (a queued experiment's, say) would be reused. `dvc repro` prepares it first (or checks it out of the cache).
+    unknown = "train or reuse: unknown until the data is prepared (its hash is part of each trial's identity)"
     for t in grid:
-        what = action.get((t["variant"], t["seed"]), "train")
+        what = action.get((t["variant"], t["seed"]), "train" if data_hash else unknown)
         lines.append(f"{t['variant']:<20} {t['seed']:>4} {t['cpu']:>5g} {t['gpu']:>5g}  {what}")
     asha = params.sweep.asha
     scheduler = f"ASHA (grace {asha.grace_period}, reduction {asha.reduction_factor})" if asha.enabled else "none"
-    to_train = sum(d.action != REUSE for d in decisions) if decisions is not None else len(grid)
+    to_train = sum(not words.startswith("reuse") for words in action.values()) if decisions is not None else len(grid)
+    if not data_hash:
+        to_train = "?"
     lines += [
         "",
         f"trials: {len(grid)} ({to_train} to train or resume), {params.train.epochs} epochs each, "

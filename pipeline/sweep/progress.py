@@ -8,9 +8,12 @@ refresh period. The variable changes only what is printed, never a result, and a
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 
 from ray import tune
+from ray._private.thirdparty.tabulate.tabulate import tabulate  # the table writer Tune's own reporter uses
 
 from pipeline.sweep.manifest import METRIC
 from pipeline.trial.report import ETA_KEY
@@ -26,6 +29,10 @@ METRIC_COLUMNS = {
     "time_total_s": "time (s)",
     ETA_KEY: "ETA (s)",
 }
+# Digits per column of the table (Tune prints 6 significant digits, ``0.000399351`` seconds); others as Tune wrote them.
+DECIMALS = {"train_loss": 4, METRIC: 4, "images/s": 0, "time (s)": 0, "ETA (s)": 0}
+TRIAL_NAME = re.compile(r"^\w+_([0-9a-f]{5}_\d{5})$")  # <trainable>_<trial id>: the id says it all
+BEST_TRIAL = re.compile(r"^Current best trial: (\S+) with (\S+)=(\S+) and parameters=(\{.*\})$")
 REFRESH_S = 120  # at most one table per 2 minutes while trials run, and the final one: hours of training stay readable
 
 
@@ -39,8 +46,72 @@ class SweepReporter(tune.CLIReporter):
         return done or (started and super().should_report(trials, done))
 
     def report(self, trials: list, done: bool, *sys_info: str) -> None:
-        lines = self._progress_str(trials, done, *sys_info).rstrip().splitlines()
-        print("\n".join(line for line in lines if not line.startswith("Result logdir:")))
+        print(compact(self._progress_str(trials, done, *sys_info)))
+
+
+def compact(progress: str) -> str:
+    """Tune's progress text made readable: the best trial named by variant and seed with its metric rounded, the
+    trial table's names shortened to the trial id, its numbers rounded (``DECIMALS``), its ``loc`` column dropped
+    while every trial runs on one node (the node's address says nothing then); no "Result logdir" line."""
+    out: list[str] = []
+    table: list[list[str]] = []
+    for line in progress.rstrip().splitlines():
+        if line.startswith("Result logdir:"):
+            continue
+        if line.startswith(("+", "|")):  # Tune's psql table: borders, header, rows
+            if line.startswith("| "):
+                table.append([cell.strip() for cell in line.strip()[1:-1].split("|")])
+            continue
+        if table:
+            out.append(_table(table))
+            table = []
+        out.append(_best_trial(line))
+    if table:
+        out.append(_table(table))
+    return "\n".join(out)
+
+
+def _best_trial(line: str) -> str:
+    match = BEST_TRIAL.match(line)
+    if match is None:
+        return line
+    trial_id, metric, value, parameters = match.groups()
+    try:
+        config = ast.literal_eval(parameters)
+        trial = f"{config['variant']} seed {config['seed']} ({trial_id})"
+        return f"Current best trial: {trial}, {metric} {float(value):.4f}"
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        return line
+
+
+def _table(rows: list[list[str]]) -> str:
+    header, body = rows[0], rows[1:]
+    keep = list(range(len(header)))
+    if "loc" in header:
+        loc = header.index("loc")
+        if len({row[loc].split(":")[0] for row in body if row[loc]}) <= 1:
+            keep.remove(loc)
+    numeric = set()
+    for i, title in enumerate(header):
+        for row in body:
+            if i == 0:
+                row[0] = TRIAL_NAME.sub(r"\1", row[0])
+            if title in DECIMALS and row[i]:
+                try:
+                    row[i] = f"{float(row[i]):.{DECIMALS[title]}f}"
+                    numeric.add(i)
+                except ValueError:
+                    pass
+    if header and header[0] == "Trial name":
+        header[0] = "trial"
+    align = ["right" if i in numeric or header[i] in ("seed", "epoch") else "left" for i in keep]
+    return tabulate(
+        [[row[i] for i in keep] for row in body],
+        headers=[header[i] for i in keep],
+        tablefmt="psql",
+        disable_numparse=True,
+        colalign=align,
+    )
 
 
 def progress_reporter() -> tune.CLIReporter:

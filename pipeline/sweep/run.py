@@ -35,31 +35,54 @@ from pipeline.sweep.tracking.logged_model import PreparedDataset
 from pipeline.sweep.tracking.parent import ParentRun
 from pipeline.sweep.tracking.registry import SweepSummary, publish_summary
 from pipeline.sweep.tracking.store import mlflow_client, tracking_uri
-from pipeline.sweep.tracking.tags import KEY_TAG, TRIAL_ID_TAG, flatten, git_commit
+from pipeline.sweep.tracking.tags import KEY_TAG, TRIAL_ID_TAG, flatten, git_commit, parent_run_name
 from pipeline.sweep.tuner import trial_config
 from pipeline.trial.report import HEAD_HISTORY_FILE
 
 log = logging.getLogger(__name__)
 
 
+# The model fields each architecture is built from (``pipeline.models.build_model``): a run logs only these, so the
+# UI's Compare view never draws ResNet18 through "quadratic / 9 heads". The trial's identity still hashes them all.
+RESNET_FIELDS = ("arch", "resnet_width")
+ENCODING_ONLY = {"learned": ("learned_dim",), "gaussian": ("centre_init_std", "spread_init_std")}
+ATTENTION_ONLY_TRAIN = ("positional_lr_factor",)  # the positional encoding's own learning-rate factor
+
+
+def applicable_model(model: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a model config (as dumped) that its architecture and encoding use."""
+    if model["arch"] == "resnet18":
+        return {key: model[key] for key in RESNET_FIELDS}
+    unused = {"resnet_width", *ENCODING_ONLY["gaussian" if model["encoding"] == "learned" else "learned"]}
+    return {key: value for key, value in model.items() if key not in unused}
+
+
+def run_name(variant: str, seed: int) -> str:
+    """A trial's run name as the runs table shows it: ``sa_quadratic_9 seed 0``."""
+    return f"{variant} seed {seed}"
+
+
 def trial_run_info(config: dict[str, Any], params_json: dict[str, Any], data_hash: str) -> TrialInfo:
     """Run name, flattened params and tags (with its ``trial_key``) of a trial's MLflow run (called by the driver-side
-    callback)."""
+    callback). The params are those that apply to the variant's architecture (``applicable_model``)."""
     params = parse_params(params_json, "trial params")
     variant, seed = config["variant"], config["seed"]
-    train_cfg = params.train.model_copy(update={"seed": seed})
+    model = params.model_for(variant).model_dump(mode="json")
+    train = params.train.model_copy(update={"seed": seed}).model_dump(mode="json")
+    if model["arch"] == "resnet18":
+        train = {key: value for key, value in train.items() if key not in ATTENTION_ONLY_TRAIN}
     run_settings = {"resources", "asha", "max_failures", "fail_once_after_epoch"}
     logged = {
         "variant": variant,
         "seed": seed,
-        "model": params.model_for(variant).model_dump(mode="json"),
-        "train": train_cfg.model_dump(mode="json"),
+        "model": applicable_model(model),
+        "train": train,
         "data": params.data.model_dump(mode="json"),
         "sweep": params.sweep.model_dump(mode="json", include=run_settings),
     }
     tags = {"variant": variant, "seed": str(seed), KEY_TAG: trial_key(params, variant, seed, data_hash)}
     # the sweep's own tags (params hash, commit, stage) are added too
-    return TrialInfo(f"{variant}-seed{seed}", flatten(logged), tags)
+    return TrialInfo(run_name(variant, seed), flatten(logged), tags)
 
 
 class Sweep(TrackedStage):
@@ -68,6 +91,7 @@ class Sweep(TrackedStage):
     def __init__(self, params: Params, data_hash: str, project_root: Path, submitted: SubmittedJob | None) -> None:
         self.params, self.data_hash = params, data_hash
         self.name, self.work = experiment_name(params, data_hash), "sweep"
+        self.run_name = parent_run_name(STAGE, params, project_root, self.name)
         self.tracking_uri = tracking_uri(params.tracking, project_root)
         self.experiment = params.tracking.experiment
         commit = submitted.git_commit if submitted else git_commit(project_root)

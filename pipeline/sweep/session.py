@@ -180,6 +180,36 @@ def keep_local_ray_on_loopback() -> None:
         os.environ.setdefault(key, value)
 
 
+DASHBOARD_ENV = "RAY_DASHBOARD"  # 1: a local Ray starts its dashboard (display only: no result depends on it)
+
+
+def wants_dashboard() -> bool:
+    """Whether the local Ray starts its dashboard (off by default: ~1.5 GiB and a few seconds more per start)."""
+    return os.environ.get(DASHBOARD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+TOKEN_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class TokenAdviceFilter(logging.Filter):
+    """Ray 2.60's local ``ray.init`` logs "Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out":
+    advice this project never takes (token auth stays on). The line is replaced by one that says what is true."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "opt out" not in record.getMessage():
+            return True
+        where = auth_token_source() or str(DEFAULT_TOKEN_FILE)
+        log.info("ray: token authentication is on for the local Ray (token: %s); the pipeline keeps it on", where)
+        return False
+
+
+def quiet_token_advice() -> None:
+    """Install ``TokenAdviceFilter`` on Ray's token-setup logger (once)."""
+    logger = logging.getLogger(TOKEN_SETUP_LOGGER)
+    if not any(isinstance(f, TokenAdviceFilter) for f in logger.filters):
+        logger.addFilter(TokenAdviceFilter())
+
+
 @contextmanager
 def ray_session(sweep: SweepConfig) -> Iterator[str]:
     """Attach to ``sweep.ray_address`` / ``RAY_ADDRESS``, or start a local Ray bound to 127.0.0.1; say which."""
@@ -190,6 +220,7 @@ def ray_session(sweep: SweepConfig) -> Iterator[str]:
         yield "existing"
         return
     address = ray_address(sweep)
+    quiet_token_advice()
     caller_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
         from pipeline.sweep.identity import PROJECT_ROOT
@@ -201,7 +232,12 @@ def ray_session(sweep: SweepConfig) -> Iterator[str]:
         ray.init(address=address, runtime_env=code_runtime_env(PROJECT_ROOT))
     else:
         log.info("ray: starting a local Ray on this machine (127.0.0.1; token auth as configured)")
-        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+        dashboard = wants_dashboard()
+        context = ray.init(
+            address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1"
+        )
+        if dashboard:
+            log.info("ray: dashboard at http://%s (while the stage runs; token auth applies)", context.dashboard_url)
         if (node_ip := ray.util.get_node_ip_address()) != "127.0.0.1":
             log.warning("ray: the local Ray advertises %s, not 127.0.0.1 (see keep_local_ray_on_loopback)", node_ip)
     if callable(caller_sigterm) and threading.current_thread() is threading.main_thread():

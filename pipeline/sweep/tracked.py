@@ -67,6 +67,7 @@ class TrackedStage(ABC):
     parent_params: dict[str, str]
     tuner_params: Params
     dataset: PreparedDataset | None = None  # logged as every trial's input
+    run_name: str | None = None  # the parent run's name in the UI (``tags.parent_run_name``); None: ``name``
 
     @abstractmethod
     def decide(self, parent: ParentRun) -> list[TrialDecision]:
@@ -126,7 +127,7 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
         stage.tracking_uri,
         stage.experiment,
         path,
-        run_name=stage.name,
+        run_name=stage.run_name or stage.name,
         tags={**stage.tags, **stage.parent_tags, "ray.experiment_path": str(path), "sweep.role": "parent"},
         params=stage.parent_params,
         project_root=project_root,

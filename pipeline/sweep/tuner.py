@@ -31,6 +31,7 @@ from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import RESUME, TrialDecision
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.callback import MlflowTrialCallback
+from pipeline.sweep.tracking.system_metrics import MetricsTarget, train_with_system_metrics
 from pipeline.trial.trainable import train_trial
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,12 @@ def build_tuner(
     reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")
-    trainable = tune.with_parameters(train_trial, data=data, params_json=params_json, code_version=code_hash())
+    # The trial with its run's system metrics sampled in the worker (tracking/system_metrics.py); named as before.
+    target = MetricsTarget(callback.parent.tracking_uri, callback.parent.experiment_id)
+    trainable = tune.with_parameters(
+        train_with_system_metrics, data=data, params_json=params_json, code_version=code_hash(), system_metrics=target
+    )
+    trainable.__name__ = train_trial.__name__
     trainable = tune.with_resources(trainable, resources)
     if restore:
         log.info("ray: restoring the interrupted sweep at %s", path)

@@ -136,3 +136,33 @@ def test_a_copied_then_moved_project_writes_and_reads_its_own_artifacts(queued: 
     assert (Path(downloaded) / "checkpoint.pt").is_file()
     location = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}").get_run(earlier.info.run_id).info.artifact_uri
     assert location.startswith((moved / "mlartifacts").as_uri())
+
+
+def test_the_dry_run_after_a_queued_experiment_says_reuse(queued: dict) -> None:
+    """With the queued experiment's params in the workspace, the dry run finds its finished run: reuse, not train.
+    The queued run prepared its data in its own (deleted) workspace: until this one has it, the plan says so."""
+    queued, path = queued["project"], queued["path"]
+    original = (path / "params.yaml").read_text()
+    params = queued.read_params()
+    params["train"]["epochs"] = 1  # what the queued experiment ran (-S train.epochs=1)
+    queued.write_params(params)
+    try:
+        before = queued.run("python", "-m", "stages.tune", "--dry-run").stdout
+        queued.dvc("repro", "prepare")  # the same data, prepared here (deterministic; or checked out of the cache)
+        dry = queued.run("python", "-m", "stages.tune", "--dry-run").stdout
+    finally:
+        (path / "params.yaml").write_text(original)
+    [line] = [line for line in before.splitlines() if line.startswith("resnet18 ")]
+    assert "unknown until the data is prepared" in line and "MISSING" in before, before
+    manifest = json.loads(queued.run("git", "show", f"refs/exps/{_exp_ref(queued)}:results/tune/manifest.json").stdout)
+    [trial] = manifest["trials"]
+    [line] = [line for line in dry.splitlines() if line.startswith("resnet18 ")]
+    assert line.endswith(f"reuse run {trial['run_id']}"), dry
+    assert "finished: nothing to train" in dry, dry
+
+
+def _exp_ref(queued: Project) -> str:
+    refs = [line.split()[1] for line in queued.run("git", "show-ref").stdout.splitlines()]
+    return next(ref for ref in refs if ref.startswith("refs/exps/") and ref.endswith("/one-epoch")).removeprefix(
+        "refs/exps/"
+    )

@@ -6,6 +6,8 @@ MLflow run tree, the manifest, retries, the no-op re-run and the UI; later tests
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -15,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -67,7 +70,8 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
     parent = client.get_run(manifest["parent_run_id"])
     assert parent.info.status == "FINISHED"
     runs = children(client, manifest)
-    assert sorted(r.info.run_name for r in runs) == ["resnet18-seed0", "sa_quadratic_9-seed0"]
+    assert sorted(r.info.run_name for r in runs) == ["resnet18 seed 0", "sa_quadratic_9 seed 0"]
+    assert parent.info.run_name == "tune committed params"  # the project copy's params are its commit's
     # Every run this sweep ever made (other tests add sweeps to the experiment, in any order):
     everything = client.search_runs([manifest["experiment_id"]], f"tags.params_hash = '{manifest['params_hash']}'")
     assert len(everything) == 3  # no duplicate run although every trial failed once and was retried
@@ -86,7 +90,14 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
         ):
             assert tags.get(key), key
         assert tags["tune.retries"] == "1" and tags["tune.status"] == "finished"
-        assert run.data.params["train.epochs"] == "2" and run.data.params["model.hidden"] == "16"
+        # Sampled in the Ray worker by MLflow's own monitor, with the hardware as tags:
+        assert tags["host.cpu"] and tags["torch.version"] and tags["host.memory_gb"]
+        assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= run.data.metrics.keys()
+        assert run.data.params["train.epochs"] == "2"
+        if tags["variant"] == "resnet18":  # only the params of its architecture: no encoding, heads, attention
+            assert {k for k in run.data.params if k.startswith("model.")} == {"model.arch", "model.resnet_width"}
+        else:
+            assert run.data.params["model.hidden"] == "16" and run.data.params["model.encoding"] == "quadratic"
         locality = [key for key in run.data.metrics if key.startswith("locality/")]  # every layer, every metric
         assert len(locality) == (3 if tags["variant"] == "sa_quadratic_9" else 0), locality  # 1 layer x 3 metrics
         for key in ("test_acc", "train_loss", "images_per_s", *locality):
@@ -162,10 +173,10 @@ def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
         assert not line.startswith(tuple(rows)) or line.endswith(f"reuse run {rows[line[:25]]}"), line
 
 
-def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
-    """The runs table, the parent's run page (summary metrics, description), a child's run page (its dataset and
-    model) and the registered model's page, rendered by the real MLflow UI in headless Chromium; the screenshots
-    stay in tmp_path."""
+def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path) -> None:
+    """The runs table, the page `make ui` prints (the trials in model-training mode, best test_acc first), the parent's
+    run page (summary metrics, description), a child's run page (its dataset and model) and the registered model's
+    page, rendered by the real MLflow UI in headless Chromium; the screenshots stay in tmp_path."""
     if not CHROMIUM.exists():
         pytest.skip("headless Chromium not installed (/usr/bin/chromium; apt-get install chromium)")
     manifest = swept["manifest"]
@@ -173,8 +184,13 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
     child = next(run for run in children(client, manifest) if run.data.tags["variant"] == "resnet18")
     parent = client.get_run(manifest["parent_run_id"])
     experiment = f"{manifest['tracking_uri']}/#/experiments/{manifest['experiment_id']}"
+    server = urlsplit(manifest["tracking_uri"])
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))  # this sweep's (later tests re-run the stage)
+    ui = ["python", "-m", "stages.ui", "--manifest", str(tmp_path / "manifest.json")]
+    printed = project.run(*ui, "--host", server.hostname, "--port", str(server.port)).stdout
     pages = {
         "runs": f"{experiment}/runs",
+        "sweep": printed.split(": ", 1)[1].strip(),
         "parent": f"{experiment}/runs/{parent.info.run_id}",
         "child": f"{experiment}/runs/{child.info.run_id}",
         "registered_model": f"{manifest['tracking_uri']}/#/models/it-sweep.resnet18",
@@ -202,10 +218,16 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, tmp_path: Path) -> None:
         dom[name] = dumped.stdout
         (tmp_path / f"{name}.html").write_text(dumped.stdout)
     assert parent.info.run_name in dom["runs"]  # the table renders only the metric columns in view
+    trials = sorted(children(client, manifest), key=lambda run: -run.data.metrics["test_acc"])
+    shown = [dom["sweep"].find(f">{run.info.run_name}<") for run in trials]
+    assert -1 not in shown and shown == sorted(shown), shown  # the trials, best test_acc first
+    assert f">{parent.info.run_name}<" not in dom["sweep"] and "Sort: test_acc" in dom["sweep"]
+    assert "Agent versions" not in dom["sweep"] and "Evaluation runs" not in dom["sweep"]  # not the GenAI mode
     assert "test_acc.resnet18" in dom["parent"] and "Sweep of 2 variants x 1 seed" in dom["parent"]
     assert child.info.run_name in dom["child"] and DATASET_NAME in dom["child"]  # the dataset it trained on
     assert child.data.tags[MODEL_URI_TAG].removeprefix("models:/") in dom["child"]  # its logged model
     assert "it-sweep.resnet18" in dom["registered_model"] and "Version" in dom["registered_model"]
+    assert "@&nbsp;best<" in dom["registered_model"]  # the alias on the best version
 
 
 def test_dvc_exp_run_names_its_mlflow_runs(swept: dict, project: Project, project_params: dict) -> None:
@@ -216,7 +238,11 @@ def test_dvc_exp_run_names_its_mlflow_runs(swept: dict, project: Project, projec
     client = MlflowClient(manifest["tracking_uri"])
     runs = [client.get_run(manifest["parent_run_id"]), *children(client, manifest)]
     assert len(runs) == 2 and {run.data.tags.get("dvc.exp_name") for run in runs} == {"habits-exp"}
-    assert "habits-exp" in project.dvc("exp", "show", "--csv", "--only-changed").stdout
+    shown = project.dvc("exp", "show", "--csv", "--only-changed").stdout
+    assert "habits-exp" in shown
+    # Each measure once: no accuracy repeated under another name across the stages' metrics files.
+    rows = list(csv.reader(io.StringIO(shown)))
+    assert not [name for name in rows[0] if name.endswith(("test_acc_mean", "acc_before_pruning"))], rows[0]
 
 
 def test_changing_a_sweep_param_reruns_only_tune(swept: dict, project: Project, project_params: dict) -> None:
@@ -253,6 +279,12 @@ def test_interrupted_sweep_restores(
     before = {r.info.run_id: r for r in children(client, record)}
     assert client.get_run(record["parent_run_id"]).info.status == "KILLED"
     assert before and all(r.info.status == "KILLED" for r in before.values())
+    dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout  # what the restore below will do
+    plans = [line for line in dry.splitlines() if line.startswith(("sa_quadratic_9 ", "resnet18 "))]
+    assert len(plans) == 2 and "interrupted: would restore it" in dry, dry
+    assert not [line for line in plans if line.endswith(" train")], dry  # none would train from scratch
+    resumed = [line for line in plans if "restore: resume after epoch" in line]
+    assert resumed and all(("restore: " in line) or line.split("  ")[-1].startswith("reuse") for line in plans), dry
 
     second = project.run("python", "-m", "stages.tune")
     assert "restoring the interrupted sweep" in second.stderr

@@ -28,7 +28,7 @@ from pipeline.config import DataConfig
 from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, MODEL_URI_TAG
 from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
 
-MODEL_NAME = "model"
+MODEL_NAME = "model"  # a run without variant and seed tags (not a trial's)
 EXAMPLE_BATCH = 2  # images in the input example (normalised); not 1, so the signature keeps the batch size free
 
 
@@ -86,7 +86,7 @@ def log_trial_model(tracking_uri: str, run_id: str, checkpoint_dir: Path, datase
                 log_dataset(dataset)
             info = mlflow.pytorch.log_model(
                 model,
-                name=MODEL_NAME,
+                name=model_name(mlflow.active_run().data.tags),
                 signature=signature,
                 input_example=example.numpy(),
                 serialization_format="pickle",
@@ -96,6 +96,15 @@ def log_trial_model(tracking_uri: str, run_id: str, checkpoint_dir: Path, datase
     finally:
         pytorch_log.setLevel(level)
     return info.model_uri
+
+
+def model_name(tags: dict[str, str]) -> str:
+    """A logged model's name from its run's tags: ``sa_quadratic_9-seed0`` (``-pruned`` for a pruned model's
+    fine-tuning), so the UI's models list tells the models apart."""
+    if "variant" not in tags or "seed" not in tags:
+        return MODEL_NAME
+    pruned = "-pruned" if "prune.pruned_heads" in tags else ""
+    return f"{tags['variant']}-seed{tags['seed']}{pruned}"
 
 
 def log_checkpoint(

@@ -4,7 +4,8 @@ Without these the runs table shows a parent row ``tune-<hash>`` with no metric u
 a description (``mlflow.note.content``, shown as Markdown on the run page: what was swept, on which data, how to
 read it) and ``test_acc.<variant>``, the mean final test accuracy over seeds (the manifest's ``metrics.json``
 numbers), so the collapsed table already compares variants. The best trial of each variant (highest final test
-accuracy) has its model registered as ``<experiment>.<variant>`` with its run as source.
+accuracy) has its model registered as ``<experiment>.<variant>`` with its run as source, tagged with its sweep, params
+hash and trial key; alias ``best`` follows the version with the highest test accuracy.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.sweep.manifest import COMPLETED, TrialRecord
 from pipeline.sweep.tracking.logged_model import using_tracking_uri
 from pipeline.sweep.tracking.store import mlflow_client
-from pipeline.sweep.tracking.tags import MODEL_URI_TAG, NOTE_TAG
+from pipeline.sweep.tracking.tags import KEY_TAG, MODEL_URI_TAG, NOTE_TAG, PARENT_TAG
 
 log = logging.getLogger(__name__)
 
@@ -81,29 +82,68 @@ def register_best_models(
         return _register(client, experiment, trials, suffix)
 
 
+BEST_ALIAS = "best"  # ``models:/<name>@best``: the version with the highest final test_acc of all sweeps
+VERSION_TAGS = ("params_hash", KEY_TAG, "variant", "seed")  # copied from the version's run
+
+
+def model_description(variant: str, suffix: str) -> str:
+    """The registered model's description: what one version is, and what the alias points to."""
+    what = (
+        f"{variant} pruned (degenerate heads cut) and fine-tuned, from the best seed of the sweep it came from"
+        if suffix == "_pruned"
+        else f"{variant}, the seed with the best final test_acc of a sweep"
+    )
+    return (
+        f"One version per sweep: {what}. Alias `{BEST_ALIAS}` is the version with the highest final test_acc. "
+        "Version tags: the sweep's parent run (`sweep_run_id`), `params_hash`, the trial's identity (`trial_key`), "
+        "`test_acc`."
+    )
+
+
 def _register(client: MlflowClient, experiment: str, trials: list[TrialRecord], suffix: str) -> dict[str, str]:
     registered = {}
     for variant, trial in sorted(best_trials(trials).items()):
-        model_uri = client.get_run(str(trial.run_id)).data.tags.get(MODEL_URI_TAG)
+        run = client.get_run(str(trial.run_id))
+        model_uri = run.data.tags.get(MODEL_URI_TAG)
         if model_uri is None:
             log.warning("MLflow: run %s of %s has no logged model; not registered", trial.run_id, variant)
             continue
         name = f"{experiment}.{variant}{suffix}"
+        description = model_description(variant, suffix)
         if client.search_registered_models(f"name = '{name}'") == []:
-            client.create_registered_model(name, description=f"Best seed of {variant} in each sweep, by final test_acc")
+            client.create_registered_model(name, description=description)
+        else:  # a model registered by an earlier version of this code keeps no stale description
+            client.update_registered_model(name, description=description)
         versions = client.search_model_versions(f"name = '{name}' and run_id = '{trial.run_id}'")
         if not any(version.source == model_uri for version in versions):
+            tags = {key: run.data.tags[key] for key in VERSION_TAGS if key in run.data.tags}
+            tags |= {"sweep_run_id": run.data.tags.get(PARENT_TAG, ""), "test_acc": f"{trial.metrics['test_acc']:.6f}"}
             version = client.create_model_version(
                 name,
                 source=model_uri,
                 run_id=trial.run_id,
+                tags=tags,
                 model_id=model_uri.removeprefix("models:/"),
-                description=f"{trial.run_name}: final test_acc {trial.metrics['test_acc']:.4f}",
+                description=f"{trial.run_name}: final test_acc {trial.metrics['test_acc']:.4f} "
+                f"({trial.epochs_completed} epochs; sweep run {tags['sweep_run_id']})",
             )
             log.debug("MLflow: registered %s version %s (run %s)", name, version.version, trial.run_id)
+        _point_best_alias(client, name)
         registered[variant] = name
     log.info("MLflow: best model of each variant in the registry: %s", ", ".join(registered.values()) or "none")
     return registered
+
+
+def _point_best_alias(client: MlflowClient, name: str) -> None:
+    """Alias ``best`` on the version with the highest ``test_acc`` tag (versions registered without one are not
+    candidates)."""
+    scored = [
+        (float(version.tags["test_acc"]), int(version.version))
+        for version in client.search_model_versions(f"name = '{name}'")
+        if "test_acc" in version.tags
+    ]
+    if scored:
+        client.set_registered_model_alias(name, BEST_ALIAS, str(max(scored)[1]))
 
 
 def publish_summary(tracking_uri: str, parent_run_id: str, summary: SweepSummary, trials: list[TrialRecord]) -> None:

@@ -31,6 +31,10 @@ from pipeline.sweep.tracking.tags import KEY_TAG, PARENT_TAG, TRIAL_ID_TAG
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 2.0
+# MLflow 3's UI opens an experiment without this tag in GenAI mode ("Evaluations", "Agent versions", traces first);
+# ``custom_model_development`` opens it as a classic model-training experiment: runs table, models, charts.
+KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 OUTAGE_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.RetryError)
 
 
@@ -90,17 +94,20 @@ def artifact_root(uri: str, project_root: Path) -> str | None:
 
 
 def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> str:
-    """The experiment's id, created once here in the driver (a cold store must not be migrated by many writers)."""
+    """The experiment's id, created once here in the driver (a cold store must not be migrated by many writers), as a
+    model-training experiment (``EXPERIMENT_KIND``); one created before that tag existed gets it."""
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
-            return client.create_experiment(name, artifact_location=location)
+            return client.create_experiment(name, artifact_location=location, tags={KIND_TAG: EXPERIMENT_KIND})
         except MlflowException:  # created by someone else meanwhile
             experiment = client.get_experiment_by_name(name)
             if experiment is None:
                 raise
     if experiment.lifecycle_stage == "deleted":
         client.restore_experiment(experiment.experiment_id)
+    if KIND_TAG not in experiment.tags:  # a kind the user chose in the UI is kept
+        client.set_experiment_tag(experiment.experiment_id, KIND_TAG, EXPERIMENT_KIND)
     return experiment.experiment_id
 
 

@@ -13,11 +13,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlflow.tracking.context.registry import resolve_tags
 from ray.tune.utils import flatten_dict
+
+if TYPE_CHECKING:
+    from pipeline.config import Params
 
 KEY_TAG = "trial_key"  # a trial's identity (``identity.trial_key``; a pruned model's ``prune_key``)
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the sweep (or prune run) that started the run
@@ -31,6 +35,8 @@ CHECKPOINT_TAG = "tune.checkpoint"  # the checkpoint folder uploaded as the run'
 MODEL_URI_TAG = "model_uri"  # ``models:/<model id>`` of the run's final model (the registry's source)
 NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 DVC_EXP_TAG = "dvc.exp_name"
+BASELINE_PARAMS = "params.yaml"  # the committed params a run's name is compared with
+LABEL_CHARS = 90  # a parent run's label beyond this is cut (the runs table shows ~40 characters of a name)
 
 
 def flatten(tree: dict[str, Any]) -> dict[str, str]:
@@ -62,3 +68,50 @@ def git_commit(project_root: Path) -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{sha}-dirty" if dirty else sha
+
+
+def committed_params(project_root: Path) -> Params | None:
+    """``params.yaml`` as committed at HEAD, validated; None outside git, without a committed file, or when it no
+    longer validates."""
+    from pipeline.config import ConfigError, load_params  # the driver's config module; tags.py stays light
+
+    try:
+        done = subprocess.run(
+            ["git", "show", f"HEAD:{BASELINE_PARAMS}"], cwd=project_root, capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        committed = Path(folder, BASELINE_PARAMS)
+        committed.write_text(done.stdout, encoding="utf-8")
+        try:
+            return load_params(committed)
+        except ConfigError:
+            return None
+
+
+def run_label(params: Params, project_root: Path) -> str:
+    """What a parent run's name says after its stage: the DVC experiment's name under ``dvc exp run``, else the
+    params that differ from the committed ``params.yaml`` (``train.epochs=1, sweep.variants=["resnet18"]``), else
+    ``committed params``; empty when there is nothing to compare with (no git: a submitted job's copy)."""
+    experiment = os.environ.get("DVC_EXP_NAME")
+    if experiment:
+        return experiment
+    baseline = committed_params(project_root)
+    if baseline is None:
+        return ""
+    before = flatten(baseline.model_dump(mode="json"))
+    after = flatten(params.model_dump(mode="json"))
+    changed = [f"{key}={value}" for key, value in sorted(after.items()) if before.get(key) != value]
+    changed += [f"{key} removed" for key in sorted(before.keys() - after.keys())]
+    if not changed:
+        return "committed params"
+    label = ", ".join(changed)
+    return label if len(label) <= LABEL_CHARS else f"{label[: LABEL_CHARS - 3]}..."
+
+
+def parent_run_name(stage: str, params: Params, project_root: Path, fallback: str) -> str:
+    """``tune sunny-bass``, ``tune train.epochs=1``, ``prune committed params``; ``fallback`` (``tune-<hash>``)
+    when there is no label."""
+    label = run_label(params, project_root)
+    return f"{stage} {label}" if label else fallback

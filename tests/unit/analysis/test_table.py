@@ -23,6 +23,7 @@ from analysis.table import (
     format_table,
     metrics_summary,
     quoted_table,
+    size_metrics,
     to_latex,
     to_markdown,
     write_metrics,
@@ -186,6 +187,12 @@ def test_metrics_summary_is_strict_json(tmp_path) -> None:
     assert summary["sa_learned_9"]["test_acc_mean"] is None
     path = write_metrics(summary, tmp_path / "metrics.json")
     assert json.loads(path.read_text())["resnet18"]["n"] == 1
+
+
+def test_the_analysis_metrics_hold_only_sizes_no_accuracy_measured_by_another_stage() -> None:
+    sizes = size_metrics(metrics_summary(RUNS, VARIANTS, expected_epochs=4))
+    assert list(sizes) == [v.name for v in VARIANTS]
+    assert sizes["sa_quadratic_9"] == {"params": 1234, "flops_paper": 5_000_000_000, "flops_full": 7_000_000_000}
 
 
 def test_convolution_like_heads_are_counted_per_layer_against_the_stated_threshold() -> None:

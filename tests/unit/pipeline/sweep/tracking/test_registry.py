@@ -34,8 +34,9 @@ def _trial(
     seed: int,
     acc: float,
     status: str = FINISHED,
+    tags: dict[str, str] | None = None,
 ) -> TrialRecord:
-    run = client.create_run(experiment_id, run_name=f"{variant}-seed{seed}")
+    run = client.create_run(experiment_id, run_name=f"{variant} seed {seed}", tags=tags or {})
     model_uri = log_trial_model(
         client.tracking_uri, run.info.run_id, _checkpoint(folder / variant / str(seed), SA, seed), None
     )
@@ -82,3 +83,38 @@ def test_the_parent_run_gets_summary_metrics_a_description_and_the_best_models(s
     assert version.run_id == trials[1].run_id
     assert version.source == client.get_run(trials[1].run_id).data.tags[MODEL_URI_TAG]
     assert len(client.search_model_versions("name = 'logged-models.sa_b'")) == 1
+
+
+def test_versions_carry_their_sweep_and_identity_and_best_follows_test_acc(store, tmp_path: Path) -> None:
+    """Each sweep adds a version tagged with its sweep, params hash and trial key; alias ``best`` moves to a better
+    version and stays when a later sweep is worse; the model is named after its variant and seed."""
+    client, experiment_id = store
+    sweeps = []
+    for n, acc in enumerate((0.60, 0.80, 0.70)):
+        sweep = client.create_run(experiment_id, run_name=f"tune sweep {n}").info.run_id
+        tags = {"mlflow.parentRunId": sweep, "params_hash": f"hash{n}", "trial_key": f"key{n}"}
+        tags |= {"variant": "sa_c", "seed": "3"}
+        trial = _trial(client, experiment_id, tmp_path / str(n), "sa_c", 3, acc, tags=tags)
+        summary.register_best_models(client.tracking_uri, "logged-models", [trial])
+        sweeps.append((sweep, trial))
+    name = "logged-models.sa_c"
+    versions = {v.run_id: v for v in client.search_model_versions(f"name = '{name}'")}
+    assert len(versions) == 3
+    for n, (sweep, trial) in enumerate(sweeps):
+        tags = versions[trial.run_id].tags
+        assert tags["sweep_run_id"] == sweep and tags["params_hash"] == f"hash{n}" and tags["trial_key"] == f"key{n}"
+        assert float(tags["test_acc"]) == trial.metrics["test_acc"]
+    assert client.get_model_version_by_alias(name, "best").run_id == sweeps[1][1].run_id  # 0.80, not the latest
+    description = client.get_registered_model(name).description
+    assert "One version per sweep" in description and "`best`" in description and "pruned" not in description
+    model = client.get_logged_model(client.get_run(sweeps[0][1].run_id).data.tags[MODEL_URI_TAG].split("/")[-1])
+    assert model.name == "sa_c-seed3"
+
+
+def test_the_pruned_models_description_says_pruned(store, tmp_path: Path) -> None:
+    client, experiment_id = store
+    trial = _trial(client, experiment_id, tmp_path, "sa_d", 0, 0.5)
+    summary.register_best_models(client.tracking_uri, "logged-models", [trial], suffix="_pruned")
+    description = client.get_registered_model("logged-models.sa_d_pruned").description
+    assert "pruned (degenerate heads cut) and fine-tuned" in description
+    assert client.get_model_version_by_alias("logged-models.sa_d_pruned", "best").run_id == trial.run_id
