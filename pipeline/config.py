@@ -345,6 +345,9 @@ class TrackingConfig(_Section):
     experiment: str = "attention-cnn"
     # An sqlite uri with a multi-node Ray cluster is refused (its runs would live on the driver's disk only) unless true
     sqlite_on_cluster: bool = False
+    # Projects sharing one store never train a trial at once (``pipeline.sweep.tracking.claims``): a claim whose
+    # driver sent no heartbeat for this long (or whose process is gone, on the same host) is taken over.
+    claim_timeout_s: Annotated[float, Field(ge=5.0, le=86400.0)] = 120.0
 
     @field_validator("experiment")
     @classmethod
