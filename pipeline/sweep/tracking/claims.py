@@ -10,8 +10,8 @@ comma-separated), its order (start time, then run id), a heartbeat and whether i
 The protocol (``TrialClaims.decide``), each step one search of the live (RUNNING) claims, whatever the sweep's size:
 1. plan (reuse, resume or train per trial, ``stage.decide``) and claim the keys to train (create or update the run);
 2. a live claim of another driver on one of those keys that is ``training``, or that is earlier in the order, wins:
-   wait (polling, the own claim's heartbeat refreshed), then plan again: a trial the winner finished is reused, one it
-   left unfinished is resumed or trained;
+   wait until the winners' claims end (polling only the live claims, the own claim's heartbeat refreshed), then plan
+   again: a trial a winner finished is reused, one it left unfinished is resumed or trained;
 3. otherwise mark the claim ``training`` and look once more: another claim marked ``training`` meanwhile (two drivers
    that did not see each other's claim at step 2) makes this driver step back to ``waiting`` and start over; at the
    second look both claims are visible, so the order decides. Nothing has been trained before this point.
@@ -151,7 +151,16 @@ class TrialClaims:
                         "training" if claim.training else "about to train",
                         claim.run_id,
                     )
+            self._wait_until_ended(keys, {claim.run_id for claim in winners})
+
+    def _wait_until_ended(self, keys: frozenset[str], winners: set[str]) -> None:
+        """Poll the live claims (one search, cheap: only RUNNING claims) until none of ``winners`` is live; the
+        own claim's heartbeat goes with each poll. Planning again (a search of the trial runs) waits until then."""
+        while True:
             time.sleep(self.poll_s)
+            self._hold(keys, WAITING)
+            if not winners & {claim.run_id for claim in self.live()}:
+                return
 
     def release(self, status: str = "FINISHED") -> None:
         """End the claim (others waiting for its keys plan again); idempotent, never raises."""
