@@ -13,6 +13,7 @@ import ray
 from pipeline.config import Params
 from pipeline.io import check_store, check_tracking_server
 from pipeline.sweep.cluster import check_cluster
+from pipeline.sweep.estimate import check_trials_fit
 from pipeline.sweep.manifest import read_tune_manifest
 from pipeline.sweep.session import check_attachable, check_fits, local_capacity, ray_address
 from pipeline.sweep.storage import check_storage, storage_dir
@@ -22,7 +23,8 @@ from pipeline.sweep.tracking.store import tracking_uri
 def preflight(params: Params, project_root: Path) -> None:
     """A local machine too small for one trial, storage that cannot hold the Ray results, a tracking server that does
     not answer; on a cluster, one that cannot be attached to (address, token) within seconds and, with several nodes,
-    storage they do not share, other trial code on a node, an sqlite store; an sqlite store that is corrupt, or missing
+    storage they do not share, other trial code on a node, an sqlite store; a local CPU trial that cannot fit in this
+    machine's memory (``estimate``); an sqlite store that is corrupt, or missing
     where the tune manifest says its runs are."""
     address, nodes = ray_address(params.sweep), 0
     if ray.is_initialized():  # ray_session will use this Ray as it is
@@ -32,6 +34,8 @@ def preflight(params: Params, project_root: Path) -> None:
         check_fits(params.sweep, *local_capacity(), "this machine (a local Ray)")
     else:
         nodes = check_attachable(address)
+    if address is None and params.sweep.resources.gpu == 0:  # trials train in this machine's memory
+        check_trials_fit(params, project_root)
     storage = storage_dir(params, project_root)
     try:
         check_storage(storage)
