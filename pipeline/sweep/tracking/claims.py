@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from mlflow.entities import Run, RunTag
 
 from pipeline.sweep.reuse import REUSE, TrialDecision
-from pipeline.sweep.tracking.store import ensure_experiment, mlflow_client
+from pipeline.sweep.tracking.store import ensure_experiment, mlflow_client, server_answers
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,13 @@ class TrialClaims:
             self._heart.join(timeout=5)
         run_id, self.run_id = self.run_id, None
         if run_id is None:
+            return
+        if not server_answers(self.uri):  # never the client's minutes of retries at the end of an outage
+            log.warning(
+                "MLflow: claim run %s not released (the server does not answer); others take it over after %.0f s",
+                run_id,
+                self.timeout_s,
+            )
             return
         try:
             self.client.set_tag(run_id, ENDED_TAG, "released")
