@@ -58,28 +58,36 @@ class DataConfig(_Section):
         return self
 
 
+# Upper bounds that only refuse absurd values (a typo's extra zeros) before any work starts; each is orders of
+# magnitude above what a run can use (the paper: 9-16 heads, hidden 400, 6 layers, FFN 512, 300 epochs, batch 100).
+SmallCount = Annotated[int, Field(gt=0, le=1024)]  # heads, layers, downsampling
+Width = Annotated[int, Field(gt=0, le=65536)]  # hidden, FFN, embedding and channel widths
+Epochs = Annotated[int, Field(gt=0, le=100_000)]
+BatchSize = Annotated[int, Field(gt=0, le=1_000_000)]
+
+
 class ModelConfig(_Section):
     """Architecture of one model. The defaults are the paper's (Section 4.1, Appendix A.4)."""
 
     arch: Literal["sa", "resnet18"] = "sa"
     # Positional encoding of the attention scores; see pipeline.models.positional.ENCODINGS.
     encoding: EncodingName = "quadratic"
-    heads: PositiveInt = 9
-    hidden: PositiveInt = 400
-    layers: PositiveInt = 6
-    ffn: PositiveInt = 512
+    heads: SmallCount = 9
+    hidden: Width = 400
+    layers: SmallCount = 6
+    ffn: Width = 512
     dropout: Probability = 0.1
     attention_dropout: Probability = 0.1
     layer_norm_eps: Annotated[float, Field(gt=0.0)] = 1e-12
     # Side of the invertible (space-to-depth) downsampling applied to the image before the embedding.
-    downsample: PositiveInt = 2
+    downsample: SmallCount = 2
     # Gaussian encodings: centres ~ N(0, centre_init_std^2); spreads ~ 1 + N(0, spread_init_std^2) (authors' code).
     centre_init_std: Annotated[float, Field(ge=0.0)] = 2.0
     spread_init_std: Annotated[float, Field(ge=0.0)] = 0.01
     # Learned relative encoding: width of each of the row and column shift embeddings (authors' code: 400 each).
-    learned_dim: PositiveInt = 400
+    learned_dim: Width = 400
     # ResNet18 baseline: channels of the first stage (64 = He et al.; smaller only for smoke runs).
-    resnet_width: PositiveInt = 64
+    resnet_width: Width = 64
     # Beyond the paper: None = exact dense attention (the paper's). A value eps makes each head attend only within
     # the window of shifts holding >= 1 - eps of its probability mass for every query (pipeline.models.local_attention;
     # e.g. 1e-6). Not used by resnet18.
@@ -89,16 +97,16 @@ class ModelConfig(_Section):
 class TrainConfig(_Section):
     """One trial's optimisation schedule. Defaults are the paper's (Appendix A.4, Table 2)."""
 
-    epochs: PositiveInt = 300
-    batch_size: PositiveInt = 100
-    eval_batch_size: PositiveInt = 500
-    lr: Annotated[float, Field(gt=0.0)] = 0.1
+    epochs: Epochs = 300
+    batch_size: BatchSize = 100
+    eval_batch_size: BatchSize = 500
+    lr: Annotated[float, Field(gt=0.0, le=1000.0)] = 0.1
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    weight_decay: Annotated[float, Field(ge=0.0)] = 1e-4
+    weight_decay: Annotated[float, Field(ge=0.0, le=100.0)] = 1e-4
     # Beyond the paper: the Gaussian encodings' centres and spreads (the optimiser's no-weight-decay group) train at
     # lr x positional_lr_factor. 1 is the paper's single rate; a larger factor lets heads travel to their kernel
     # positions within a short schedule, which the rest of the network at that rate would not survive.
-    positional_lr_factor: Annotated[float, Field(gt=0.0)] = 1.0
+    positional_lr_factor: Annotated[float, Field(gt=0.0, le=1e6)] = 1.0
     warmup_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
     # "step": cosine/warm-up updated every optimiser step (better). "epoch": the authors' code, which steps the
     # schedule once per epoch, so epoch 0 trains at lr 0.
@@ -335,7 +343,7 @@ class PruneConfig(_Section):
     fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.25
     # Fine-tuning: the sweep's train section with lr x lr_factor (paper: 1/10) for `epochs` epochs (authors: 100).
     lr_factor: Annotated[float, Field(gt=0.0)] = 0.1
-    epochs: PositiveInt = 100
+    epochs: Epochs = 100
 
 
 class TrackingConfig(_Section):
@@ -345,6 +353,9 @@ class TrackingConfig(_Section):
     experiment: str = "attention-cnn"
     # An sqlite uri with a multi-node Ray cluster is refused (its runs would live on the driver's disk only) unless true
     sqlite_on_cluster: bool = False
+    # Projects sharing one store never train a trial at once (``pipeline.sweep.tracking.claims``): a claim whose
+    # driver sent no heartbeat for this long (or whose process is gone, on the same host) is taken over.
+    claim_timeout_s: Annotated[float, Field(ge=5.0, le=86400.0)] = 120.0
 
     @field_validator("experiment")
     @classmethod

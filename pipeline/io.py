@@ -14,8 +14,10 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import sqlite3
 import tempfile
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +74,47 @@ def check_tracking_server(uri: str, source: str, timeout_s: float = 5.0) -> None
     except (OSError, ValueError, http.client.HTTPException) as err:  # refused, timeout, DNS, 4xx/5xx, a bad URL
         problem = str(err)
     raise ValueError(f"{source}: no MLflow server answers at {uri}/health ({problem}); start one or fix the URI")
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of an ``sqlite:///`` store, None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def check_store(uri: str, named_by: Path | None = None) -> None:
+    """Refuse, in one line naming the file and the fix, an sqlite store that is unreadable (not a database, no MLflow
+    tables) or that is missing where ``named_by`` (a manifest) says runs live: MLflow would otherwise create a new empty
+    store there and fail later with ``No Experiment with id=...``, or print a long SQLAlchemy traceback. A missing
+    store that nothing names is a new project's: created on first use. Other stores are checked by their server."""
+    database = sqlite_path(uri)
+    if database is None:
+        return
+    if not database.exists():
+        if named_by is not None:
+            raise ValueError(
+                f"{database}: the MLflow store that {named_by} names is missing; restore the file (or set "
+                f"tracking.uri to where it is now), or start over with a new store: delete {named_by} and run "
+                "`dvc repro --force tune` (its earlier runs are not in the new store)"
+            )
+        return
+    fix = (
+        f"restore {database} from a backup, or move it aside and run `dvc repro --force tune` to start a new store "
+        "(the runs in it are lost to this project)"
+    )
+    try:
+        with database.open("rb") as file:
+            header = file.read(len(SQLITE_HEADER))
+        if database.stat().st_size and header != SQLITE_HEADER:
+            raise ValueError(f"{database}: not an sqlite database (corrupt MLflow store); {fix}")
+        with closing(sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True, timeout=20)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            problem = db.execute("PRAGMA quick_check").fetchone()[0] if tables else None
+    except sqlite3.DatabaseError as err:
+        raise ValueError(f"{database}: unreadable MLflow store ({err}); {fix}") from None
+    if problem not in (None, "ok"):
+        raise ValueError(f"{database}: corrupt MLflow store (sqlite quick_check: {problem}); {fix}")
+    if "experiments" not in tables and (named_by is not None or tables):
+        raise ValueError(f"{database}: holds no MLflow store (no experiments table); {fix}")

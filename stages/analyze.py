@@ -36,6 +36,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.config import Params
+from pipeline.io import check_store
 from pipeline.prune.manifest import read_prune_manifest
 from pipeline.sweep.location import adopt_default_store, store_root
 from pipeline.sweep.manifest import read_tune_manifest
@@ -58,6 +59,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     root = store_root(Path.cwd())  # the manifests' paths and the default store are the project's
     tune = read_tune_manifest(args.tune_manifest, root)  # bad input fails here, before anything is written
     prune = read_prune_manifest(args.prune_manifest, root) if args.prune_manifest.is_file() else None
+    check_store(tune.tracking_uri, args.tune_manifest)  # missing or corrupt: named, never a new empty store
     adopt_default_store(tune.tracking_uri, params.tracking.uri, root)  # a copied or moved project reads its own
     if prune is None:
         log.info("no %s: the pruned row and Fig. 7's marks wait for the prune stage", args.prune_manifest)

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.io import check_tracking_server, write_json_atomic
+from pipeline.io import check_store, check_tracking_server, write_json_atomic
 from pipeline.prune.manifest import write_prune_manifest
 from pipeline.sweep.location import adopt_default_store, store_root
 from pipeline.sweep.lock import hold_stage_lock
@@ -54,6 +54,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     sources, skipped = select_sources(params, manifest)
     if sources:
         check_tracking_server(manifest.tracking_uri, f"{TUNE_MANIFEST} (tracking_uri)")
+        check_store(manifest.tracking_uri, TUNE_MANIFEST)  # missing or corrupt: never a new empty store
         adopt_default_store(manifest.tracking_uri, params.tracking.uri, root)  # a copied or moved project's own
         check_runs_exist(manifest.tracking_uri, [s.run_id for s in sources], TUNE_MANIFEST)
         cache = driver_dir(storage_dir(params, root), root) / "downloaded-checkpoints"

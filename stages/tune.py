@@ -14,6 +14,8 @@ finished run is reused, an unfinished one continues from its checkpoint, only th
 Ray: attaches to sweep.ray_address or $RAY_ADDRESS when set (token from $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or
 ~/.ray/auth_token; this checkout shipped as the job's working_dir), else starts a local Ray. --dry-run starts
 nothing and prints per trial "reuse run X", "resume run X from epoch k" or "train".
+Projects sharing one store (tracking.uri) never train a trial at once: a trial another driver has claimed is waited
+for, then reused (pipeline.sweep.tracking.claims; a dead driver's claim is taken over after tracking.claim_timeout_s).
 --submit: the same sweep as a Ray job on the cluster (code and prepared data uploaded, the job's log followed here);
 its manifest and metrics come back through the tracking server into results/tune, with this checkout's git commit.
 Checked first (also by --dry-run): a local machine can hold one trial's sweep.resources, sweep.storage_path can be

@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException
 
 from pipeline.config import Params
 from pipeline.io import check_tracking_server
+from pipeline.sweep.estimate import estimate_trials
 from pipeline.sweep.grid import sweep_decisions, trial_grid
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.manifest import METRIC, MODE
@@ -157,6 +158,8 @@ def dry_run_text(params: Params, project_root: Path) -> str:
         f"mlflow: {tracking_uri(params.tracking, project_root)}, experiment {params.tracking.experiment!r}",
         f"data: {data} ({'content ' + data_hash[:12] if data_hash else 'MISSING: run the prepare stage'})",
     ]
+    lines += ["", "estimate per trial (parameters; memory: weights, gradients, momentum and activations):"]
+    lines += [f"  {trial.words()}" for trial in estimate_trials(params, project_root)]
     if stale := stale_data(params, project_root):
         lines.append(
             f"data is STALE: {'; '.join(stale)}; `dvc repro` re-prepares it before the sweep (the plan above "

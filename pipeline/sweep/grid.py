@@ -19,7 +19,10 @@ def trial_grid(params: Params) -> list[dict[str, Any]]:
     return [{"variant": v, "seed": s, **resources} for s in params.sweep.seeds for v in params.sweep.variants]
 
 
-def sweep_decisions(params: Params, data_hash: str, uri: str, experiment_id: str | None) -> list[TrialDecision]:
-    """Per trial of the grid (variants x seeds, in that order): reuse, resume or train (``pipeline.sweep.reuse``)."""
+def sweep_decisions(
+    params: Params, data_hash: str, uri: str, experiment_id: str | None, **lookup: Any
+) -> list[TrialDecision]:
+    """Per trial of the grid (variants x seeds, in that order): reuse, resume or train (``pipeline.sweep.reuse``;
+    ``lookup``: its ``client`` and ``seen``)."""
     trials = [(v, s, trial_key(params, v, s, data_hash)) for s in params.sweep.seeds for v in params.sweep.variants]
-    return decide_trials(uri, experiment_id, trials, params.train.epochs, retrain=params.sweep.retrain)
+    return decide_trials(uri, experiment_id, trials, params.train.epochs, retrain=params.sweep.retrain, **lookup)

@@ -11,8 +11,10 @@ from pathlib import Path
 import ray
 
 from pipeline.config import Params
-from pipeline.io import check_tracking_server
+from pipeline.io import check_store, check_tracking_server
 from pipeline.sweep.cluster import check_cluster
+from pipeline.sweep.estimate import check_trials_fit
+from pipeline.sweep.manifest import read_tune_manifest
 from pipeline.sweep.session import check_attachable, check_fits, local_capacity, ray_address
 from pipeline.sweep.storage import check_storage, storage_dir
 from pipeline.sweep.tracking.store import tracking_uri
@@ -21,7 +23,9 @@ from pipeline.sweep.tracking.store import tracking_uri
 def preflight(params: Params, project_root: Path) -> None:
     """A local machine too small for one trial, storage that cannot hold the Ray results, a tracking server that does
     not answer; on a cluster, one that cannot be attached to (address, token) within seconds and, with several nodes,
-    storage they do not share, other trial code on a node, an sqlite store."""
+    storage they do not share, other trial code on a node, an sqlite store; a local CPU trial that cannot fit in this
+    machine's memory (``estimate``); an sqlite store that is corrupt, or missing
+    where the tune manifest says its runs are."""
     address, nodes = ray_address(params.sweep), 0
     if ray.is_initialized():  # ray_session will use this Ray as it is
         available = ray.cluster_resources()
@@ -30,6 +34,8 @@ def preflight(params: Params, project_root: Path) -> None:
         check_fits(params.sweep, *local_capacity(), "this machine (a local Ray)")
     else:
         nodes = check_attachable(address)
+    if address is None and params.sweep.resources.gpu == 0:  # trials train in this machine's memory
+        check_trials_fit(params, project_root)
     storage = storage_dir(params, project_root)
     try:
         check_storage(storage)
@@ -37,5 +43,21 @@ def preflight(params: Params, project_root: Path) -> None:
         raise ValueError(f"sweep.storage_path: {err}") from None
     uri = tracking_uri(params.tracking, project_root)
     check_tracking_server(uri, "tracking.uri")
+    check_store(uri, manifest_naming(uri, project_root))
     if address is not None and not ray.is_initialized():
         check_cluster(params, address, storage, uri, nodes)
+
+
+TUNE_MANIFEST = Path("results/tune/manifest.json")  # the tune stage's output, in the workspace (or the project)
+
+
+def manifest_naming(uri: str, project_root: Path) -> Path | None:
+    """The tune manifest that records runs in the store at ``uri``, if there is one: that store must not be replaced
+    by a new empty one when its file is gone (``check_store``)."""
+    for path in dict.fromkeys((TUNE_MANIFEST, project_root / TUNE_MANIFEST)):
+        try:
+            if path.is_file() and read_tune_manifest(path, project_root).tracking_uri == uri:
+                return path
+        except (ValueError, KeyError, OSError):  # unreadable or stale: the stage itself rewrites it
+            continue
+    return None

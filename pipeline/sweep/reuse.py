@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
 
 from pipeline.sweep.checkpoints import newest_checkpoint
 from pipeline.sweep.manifest import FINISHED
@@ -90,12 +91,23 @@ def decide(variant: str, seed: int, key: str, runs: list[Run], epochs: int, *, r
 
 
 def decide_trials(
-    uri: str, experiment_id: str | None, trials: list[tuple[str, int, str]], epochs: int, *, retrain: bool = False
+    uri: str,
+    experiment_id: str | None,
+    trials: list[tuple[str, int, str]],
+    epochs: int,
+    *,
+    retrain: bool = False,
+    client: MlflowClient | None = None,
+    seen: dict[str, Run] | None = None,
 ) -> list[TrialDecision]:
-    """The decision for every (variant, seed, key); without an experiment yet, everything trains."""
+    """The decision for every (variant, seed, key); without an experiment yet, everything trains. One paged search
+    for all keys (``store.find_runs``); ``seen`` receives the runs it read by run id, so the reused trials' records
+    need no request of their own; ``client``: the client to ask (the benchmark's counts requests)."""
     if experiment_id is None or retrain:
         return [TrialDecision(variant, seed, key, TRAIN) for variant, seed, key in trials]
-    runs = find_runs(mlflow_client(uri), experiment_id, (key for _, _, key in trials))
+    runs = find_runs(client or mlflow_client(uri), experiment_id, (key for _, _, key in trials))
+    if seen is not None:
+        seen.update({run.info.run_id: run for found in runs.values() for run in found})
     return [decide(variant, seed, key, runs[key], epochs) for variant, seed, key in trials]
 
 

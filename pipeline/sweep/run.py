@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
 from pipeline.config import Params, parse_params
@@ -101,12 +102,14 @@ class Sweep(TrackedStage):
         self.tuner_params = params
         self.dataset = PreparedDataset.of(params.data, data_hash, project_root)
         self.reused: list[TrialRecord] = []
+        self.seen: dict[str, Run] = {}  # the runs the plan read, by id: the reused trials' records need no request
 
     def decide(self, parent: ParentRun) -> list[TrialDecision]:
-        return sweep_decisions(self.params, self.data_hash, parent.tracking_uri, parent.experiment_id)
+        return sweep_decisions(self.params, self.data_hash, parent.tracking_uri, parent.experiment_id, seen=self.seen)
 
     def trials(self, decisions: list[TrialDecision], path: StoragePath) -> tuple[list[dict], Callable]:
-        self.reused = reused_records(self.tracking_uri, decisions)  # read now, while the server is known to answer
+        # read now, while the server is known to answer
+        self.reused = reused_records(self.tracking_uri, decisions, self.seen)
         run_info = functools.partial(
             trial_run_info, params_json=self.params.model_dump(mode="json"), data_hash=self.data_hash
         )
@@ -156,15 +159,17 @@ def tune_manifest(outcome: TrackedOutcome) -> TuneManifest:
     )
 
 
-def reused_records(uri: str, decisions: list[TrialDecision]) -> list[TrialRecord]:
-    """The manifest's records of the reused trials, read from their finished runs."""
+def reused_records(uri: str, decisions: list[TrialDecision], seen: dict[str, Run] | None = None) -> list[TrialRecord]:
+    """The manifest's records of the reused trials, read from their finished runs: those the plan read (``seen``)
+    cost no request; the head-centre history is looked for in the Ray copy of the checkpoint, in the run's artifacts
+    only when that copy is gone."""
     reused = [decision for decision in decisions if decision.action == REUSE]
     if not reused:
         return []
     client = mlflow_client(uri)
     records = []
     for decision in reused:
-        run = client.get_run(str(decision.run_id))
+        run = (seen or {}).get(str(decision.run_id)) or client.get_run(str(decision.run_id))
         metrics = {**run.data.metrics, "epoch": decision.epoch}  # the latest value of each; the epoch is their step
         trial_id = run.data.tags.get(TRIAL_ID_TAG, "")
         about = (run.info.run_id, run.info.run_name, run.data.tags)
@@ -172,7 +177,11 @@ def reused_records(uri: str, decisions: list[TrialDecision]) -> list[TrialRecord
             trial_id, about, decision.variant, decision.seed, FINISHED, metrics, decision.checkpoint_dir
         )
         record.reused = True
-        uploaded = [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, "checkpoint")]
+        if decision.checkpoint_dir is not None:  # the Ray copy of the uploaded checkpoint folder
+            history = StoragePath(decision.checkpoint_dir) / HEAD_HISTORY_FILE
+            uploaded = [HEAD_HISTORY_FILE] if history.is_file() else []
+        else:
+            uploaded = [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, "checkpoint")]
         if HEAD_HISTORY_FILE in uploaded:  # listed even when the Ray copy of the checkpoint is gone
             record.artifacts["head_history"] = f"{record.artifacts['checkpoint']}/{HEAD_HISTORY_FILE}"
         records.append(record)

@@ -19,6 +19,7 @@ A stage keeps only what is its own (the sweep: grid, reuse, publish; prune: eval
 from __future__ import annotations
 
 import logging
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from pipeline.sweep.tracking.callback import (
     close_interrupted,
     trial_outcome,
 )
+from pipeline.sweep.tracking.claims import TrialClaims
 from pipeline.sweep.tracking.logged_model import PreparedDataset
 from pipeline.sweep.tracking.parent import ParentRun, finish_parent, open_parent_run, record_trials
 from pipeline.sweep.tracking.store import child_runs, is_outage, mlflow_client
@@ -134,21 +136,34 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
         default_store=params.tracking.uri is None,
     )
     buffer_file = local / stage.name / BUFFER_FILE
+    # Another project sharing the store may train the same trials: claim them first (``claims``).
+    where = f"{socket.gethostname()}:{project_root.resolve()}"
+    claims = TrialClaims(
+        parent.tracking_uri, stage.experiment, parent.parent_run_id, where, params.tracking.claim_timeout_s
+    )
     try:
         # A restored run continues the decisions it was started with (its Tune experiment holds exactly those trials).
-        decisions = read_decisions(path) if restored else None
-        if decisions is None:
-            decisions = stage.decide(parent)
+        saved = read_decisions(path) if restored else None
+        decisions = claims.decide(lambda: saved if saved is not None else stage.decide(parent))
+        if saved is None:
             write_decisions(path, decisions)
         log.info("%s: %s", stage.name, ", ".join(f"{d.variant} seed {d.seed}: {d.words()}" for d in decisions))
         trials, run_info = stage.trials(decisions, path)
     except BaseException:  # bad input found late, Ctrl-C: the parent is not left RUNNING
+        claims.release("KILLED")
         TrackingBuffer(buffer_file, parent.tracking_uri).set_terminated(parent.parent_run_id, "KILLED")
         raise
     callback = MlflowTrialCallback(
         parent, run_info, stage.tags, stage.tuner_params.train.epochs, stage.dataset, buffer_file.parent, storage
     )
-    records = fit_tracked(stage.tuner_params, data, path, callback, restore=restored, trials=trials) if trials else []
+    try:
+        records = (
+            fit_tracked(stage.tuner_params, data, path, callback, restore=restored, trials=trials) if trials else []
+        )
+    except BaseException:
+        claims.release("KILLED")
+        raise
+    claims.release("KILLED" if any(r.status in (INTERRUPTED, ERROR) for r in records) else "FINISHED")
     outcome = TrackedOutcome(
         stage.name, path, restored, parent, decisions, records, dict(callback.calls), callback.epochs_logged
     )

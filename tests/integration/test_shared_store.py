@@ -1,15 +1,20 @@
 """Two projects sharing one fresh sqlite MLflow store start their sweeps at the same moment: MLflow builds the schema
 of a new database on first use, and two processes doing it at once crashed in the migration. Both must open their
-sweep run, with no traceback."""
+sweep run, with no traceback. And two projects with the same params, tuning together on one store (sqlite file or
+server), train each trial identity once: one claims it, the other waits and reuses the run."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+
+from tests.integration.conftest import MlflowServer, Project, tiny_params
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,3 +57,71 @@ def test_two_projects_create_one_fresh_sqlite_store_at_once(tmp_path: Path) -> N
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(r.info.run_name for r in runs) == [p.name for p in projects]
     assert sorted(r.info.run_id for r in runs) == sorted(out.strip() for out, _ in outputs)
+
+
+SHARED_TRIALS = {"variants": ["resnet18"], "seeds": [31, 32]}  # seeds no other test trains
+
+
+def _copies(project: Project, tmp_path: Path, uri: str, experiment: str) -> list[Project]:
+    """Two clones of the session's project with the same params, tracking into ``uri``, their data prepared."""
+    copies = []
+    for name in ("lab-a", "lab-b"):
+        path = tmp_path / name
+        ignore = shutil.ignore_patterns("results", "mlflow.db*", "mlartifacts", ".dvc", "dvc.lock")
+        shutil.copytree(project.path, path, ignore=ignore)
+        copy = Project(path, project.env)
+        params = tiny_params()
+        params["sweep"].update(SHARED_TRIALS)
+        copy.write_params({**params, "tracking": {"uri": uri, "experiment": experiment}})
+        copy.run("python", "-m", "stages.prepare")
+        copies.append(copy)
+    return copies
+
+
+def _tune_together(copies: list[Project]) -> list[str]:
+    stages = [
+        subprocess.Popen(
+            ["python", "-m", "stages.tune"],
+            cwd=copy.path,
+            env=copy.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for copy in copies
+    ]
+    outputs = [stage.communicate(timeout=600)[0] for stage in stages]
+    for stage, output in zip(stages, outputs, strict=True):
+        assert stage.returncode == 0, output[-4000:]
+    return outputs
+
+
+def _assert_each_trial_trained_once(uri: str, experiment: str, copies: list[Project], outputs: list[str]) -> None:
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    runs = [r for r in client.search_runs([experiment_id]) if "trial_key" in r.data.tags]
+    keys = [r.data.tags["trial_key"] for r in runs]
+    assert len(keys) == len(SHARED_TRIALS["seeds"]) and len(set(keys)) == len(keys), keys  # one run per identity
+    assert all(r.info.status == "FINISHED" for r in runs)
+    manifests = [json.loads((c.path / "results/tune/manifest.json").read_text()) for c in copies]
+    listed = [sorted(t["run_id"] for t in m["trials"]) for m in manifests]
+    assert listed[0] == listed[1] == sorted(r.info.run_id for r in runs)  # the loser reused the winner's runs
+    assert sum("waiting for 2 trial(s)" in output for output in outputs) == 1, outputs[0][-3000:]
+    claims = client.get_experiment_by_name(f"{experiment}.claims")
+    assert all(r.info.status != "RUNNING" for r in client.search_runs([claims.experiment_id]))  # all released
+
+
+def test_two_projects_on_one_sqlite_store_train_each_trial_once(project: Project, tmp_path: Path) -> None:
+    uri, experiment = f"sqlite:///{tmp_path / 'lab' / 'mlflow.db'}", "it-shared-sqlite"
+    copies = _copies(project, tmp_path, uri, experiment)
+    outputs = _tune_together(copies)
+    _assert_each_trial_trained_once(uri, experiment, copies, outputs)
+
+
+def test_two_projects_on_one_server_train_each_trial_once(
+    project: Project, mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    experiment = f"it-shared-server-{tmp_path.name}"
+    copies = _copies(project, tmp_path, mlflow_server.uri, experiment)
+    outputs = _tune_together(copies)
+    _assert_each_trial_trained_once(mlflow_server.uri, experiment, copies, outputs)

@@ -18,7 +18,15 @@ from benchmarks import finding, gpu_sharing, train_speed, train_throughput, trun
 from benchmarks.gpu_sharing import WorkerResult, aggregate_images_per_s
 
 PARAMS = str(Path(__file__).resolve().parents[2] / "params.yaml")
-BENCHMARKS = ("train_speed", "train_throughput", "truncation", "sweep_overhead", "gpu_sharing", "finding")
+BENCHMARKS = (
+    "train_speed",
+    "train_throughput",
+    "truncation",
+    "sweep_overhead",
+    "gpu_sharing",
+    "finding",
+    "sweep_scale",
+)
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
     "train_speed": "prepare_dataset",
@@ -27,6 +35,7 @@ FIRST_WORK = {
     "sweep_overhead": "prepare_dataset",
     "gpu_sharing": "run",
     "finding": "prepare_dataset",
+    "sweep_scale": "fill_store",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -195,6 +204,8 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("train_speed", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("train_speed", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nons"),
         ("train_speed", ["--threads", "0"], "--threads"),
+        ("sweep_scale", ["--trials", "0"], "--trials"),
+        ("sweep_scale", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("train_speed", ["--threads", "-2"], "--threads"),
         ("train_speed", ["--epochs", "0"], "--epochs"),
         ("train_speed", ["--params", PARAMS, "--history", "{file}"], "--history"),
@@ -265,3 +276,14 @@ def test_bad_input_is_refused_before_any_work(
     assert f"python -m benchmarks.{name}: error: " in err and named in err, err
     assert "Traceback" not in err
     assert (tmp_path / "file").read_text() == "kept"
+
+
+def test_sweep_scale_plans_in_one_store_request(capsys: pytest.CaptureFixture[str]) -> None:
+    """At a small size (the figures for 1000 trials and 10,000 runs are in benchmarks/README.md): one search."""
+    from benchmarks import sweep_scale
+
+    assert sweep_scale.main(["--trials", "12", "--runs", "60", "--per-key"]) == 0
+    out = capsys.readouterr().out
+    assert "plan (sqlite): 1 store request(s) (search_runs 1) for 12 trials" in out, out
+    assert "6 reuse, 0 resume, 6 train" in out
+    assert "former per-key plan (sqlite): 12 store request(s)" in out

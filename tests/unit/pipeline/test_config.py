@@ -135,6 +135,12 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
         ),
         ({"train": {"positional_lr_factor": 0}}, "train.positional_lr_factor", "greater than 0"),
         ({"train": {"positional_lr_factor": "10"}}, "train.positional_lr_factor", "valid number"),
+        # absurd values (issue 29's probe passed them to Ray): refused by their bounds, naming the key
+        ({"train": {"epochs": 1000000000000}}, "train.epochs", "less than or equal to 100000"),
+        ({"model": {"layers": 1000000000}}, "model.layers", "less than or equal to 1024"),
+        ({"train": {"lr": 1e308}}, "train.lr", "less than or equal to 1000"),
+        ({"variants": {"big": {"arch": "sa", "hidden": 10**9}}}, "variants.big.hidden", "less than or equal to 65536"),
+        ({"prune": {"epochs": 10**9}}, "prune.epochs", "less than or equal to 100000"),
     ],
 )
 def test_bad_values_name_the_file_and_key(raw: dict, key: str, message: str) -> None:

@@ -111,3 +111,48 @@ def test_the_dry_run_says_when_the_prepared_data_is_not_what_params_ask_for(tmp_
     stale = stale_data(paper, tmp_path)
     assert "data.dataset is 'cifar10' but the prepared data has 'digits'" in stale
     assert f"data.image_size is 32 but the prepared data has {size}" in stale
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("train", "epochs", 1000000000000), ("model", "layers", 1000000000), ("train", "lr", 1e308)],
+)
+def test_absurd_values_are_refused_by_the_dry_run_naming_the_key(
+    section: str, key: str, value: float, tmp_path: Path, monkeypatch, caplog, capsys
+) -> None:
+    """Issue 29's probe: these passed validation and the dry run (exit 0); now exit 2 on loading, before Ray."""
+    raw = _raw()
+    raw[section][key] = value
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.ERROR):
+        assert tune_stage.main(["--dry-run"]) == 2
+    assert f"{section}.{key}" in caplog.text and "less than or equal to" in caplog.text
+    assert "variant" not in capsys.readouterr().out  # refused before any plan
+
+
+def test_the_dry_run_prints_an_estimate_per_trial(tmp_path: Path, monkeypatch, capsys) -> None:
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(_raw()))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert tune_stage.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    estimates = [line for line in out.splitlines() if "M parameters, about" in line]
+    assert len(estimates) == len(_raw()["sweep"]["variants"]), out
+    assert all("MiB activations at batch" in line for line in estimates)
+
+
+def test_a_trial_too_big_for_this_machine_is_refused_naming_the_keys(tmp_path: Path) -> None:
+    from pipeline.sweep.estimate import check_trials_fit, estimate_trials
+
+    params = _params(sweep={"variants": ["sa_quadratic_9"]})
+    (small,) = estimate_trials(params, tmp_path)
+    assert 0 < small.state_bytes < small.total_bytes  # activations counted
+    check_trials_fit(params, tmp_path, memory=small.total_bytes + 1)
+    with pytest.raises(ValueError, match=r"variants\.sa_quadratic_9 \(model\.\*\) / train\.batch_size: one trial"):
+        check_trials_fit(params, tmp_path, memory=small.total_bytes - 1)
+    raw = _raw()
+    raw["train"]["batch_size"] *= 2
+    raw["sweep"]["variants"] = ["sa_quadratic_9"]
+    (double,) = estimate_trials(parse_params(raw, "x"), tmp_path)
+    assert double.activation_bytes > small.activation_bytes  # grows with the batch

@@ -10,9 +10,9 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep.checkpoints import newest_checkpoint
-from pipeline.sweep.reuse import RESUME, REUSE, TRAIN, decide
+from pipeline.sweep.reuse import RESUME, REUSE, TRAIN, decide, decide_trials
 from pipeline.sweep.storage import StoragePath
-from pipeline.sweep.tracking.store import find_runs
+from pipeline.sweep.tracking.store import CountingClient, find_runs
 from pipeline.sweep.tracking.tags import TRIAL_PATH_TAG
 
 
@@ -126,3 +126,29 @@ def test_an_early_stopped_or_shorter_run_is_not_reused(store: tuple[MlflowClient
     run(client, experiment, "k", "FINISHED", **tags, **{TRIAL_PATH_TAG: str(done.parent)})
     plan = decide("v", 0, "k", find_runs(client, experiment, ["k"])["k"], epochs=4)
     assert (plan.action, plan.epoch) == (RESUME, 2)  # ASHA may let it go on in the new sweep
+
+
+def test_a_plan_costs_one_store_request_whatever_the_number_of_trials(store: tuple[MlflowClient, str]) -> None:
+    """Planning 3 or 30 trials (every other one finished, among runs of other keys and runs without one) is one
+    paged search: the requests do not grow with the trials."""
+    client, experiment = store
+    for i in range(10):
+        run(client, experiment, f"unrelated{i}", "FINISHED")
+        client.create_run(experiment)  # a parent run: no trial key
+
+    def plan(trials: int) -> tuple[int, list[str]]:
+        keys = [f"n{trials}-{i}" for i in range(trials)]
+        for key in keys[::2]:
+            run(client, experiment, key, "FINISHED", **{"tune.status": "finished", "tune.last_epoch": "4"})
+            run(client, experiment, key, "KILLED")
+        counting = CountingClient(client)
+        seen: dict = {}
+        decisions = decide_trials(
+            "unused", experiment, [("v", i, k) for i, k in enumerate(keys)], 4, client=counting, seen=seen
+        )
+        assert len(seen) == 2 * len(keys[::2])  # two runs for every other key, none of the others
+        return sum(counting.calls.values()), [d.action for d in decisions]
+
+    small, large = plan(3), plan(30)
+    assert small[0] == large[0] == 1
+    assert large[1] == [TRAIN] * 30  # no checkpoint tag on the finished runs: nothing complete to reuse
