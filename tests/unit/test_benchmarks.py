@@ -18,7 +18,7 @@ from benchmarks import finding, gpu_sharing, train_speed, train_throughput, trun
 from benchmarks.gpu_sharing import WorkerResult, aggregate_images_per_s
 
 PARAMS = str(Path(__file__).resolve().parents[2] / "params.yaml")
-BENCHMARKS = ("train_speed", "train_throughput", "truncation", "sweep_overhead", "gpu_sharing", "finding")
+BENCHMARKS = ("train_speed", "train_throughput", "truncation", "sweep_overhead", "gpu_sharing", "finding", "trial_end")
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
     "train_speed": "prepare_dataset",
@@ -27,6 +27,7 @@ FIRST_WORK = {
     "sweep_overhead": "prepare_dataset",
     "gpu_sharing": "run",
     "finding": "prepare_dataset",
+    "trial_end": "paper_checkpoint",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -224,6 +225,7 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("sweep_overhead", ["--variants", "nonsense"], "--variants: unknown ['nonsense']"),
         ("sweep_overhead", ["--epochs", "0"], "--epochs"),
         ("gpu_sharing", ["--counts", "1,0"], "--counts"),
+        ("trial_end", ["--trials", "0"], "--trials"),
         ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("finding", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nonsense"),
