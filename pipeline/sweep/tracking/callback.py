@@ -471,15 +471,18 @@ class MlflowTrialCallback(Callback):
                     uri, dataset = self.parent.tracking_uri, self.dataset
                     log_checkpoint(self.client, uri, end.run_id, Path(local), dataset, end.location, payload)
                     end.uploaded = True
-        except (OSError, MlflowException) as err:  # the run's metrics are still worth keeping
-            if self.buffer_file is not None and is_outage(err):
+        except Exception as err:
+            if self.buffer_file is not None and is_outage(err):  # as TrackingBuffer.write decides
                 end.error = err
                 return end
+            if not isinstance(err, (OSError, MlflowException)):
+                raise
+            # the run's metrics are still worth keeping
             log.warning("MLflow: could not log the checkpoint or model of trial %s: %s", end.trial_id, err)
         end.uploaded = True  # nothing (more) to upload
         try:
             self.client.set_terminated(end.run_id, status=end.status)
-        except MlflowException as err:
+        except Exception as err:
             if self.buffer_file is None or not is_outage(err):
                 raise
             end.error = err

@@ -293,3 +293,38 @@ def test_an_error_at_a_trials_end_is_raised_in_the_driver_when_the_sweep_ends(
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
     with pytest.raises(RuntimeError, match="a bug in the model logging"):
         callback.on_experiment_end(trials=[trial])
+
+
+def test_an_outage_during_a_background_trial_end_goes_to_the_buffer_and_is_replayed(
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server stops answering while the worker uploads: the trial's end is handed back to the driver thread,
+    queued in the buffer behind the run's earlier writes, and the replay uploads it and closes the run."""
+    import requests
+
+    from pipeline.sweep.tracking import callback as module
+
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+
+    def unreachable(*args, **kwargs) -> None:
+        raise requests.exceptions.ConnectionError("connection refused")
+
+    monkeypatch.setattr(module, "log_checkpoint", unreachable)
+    trial = _checkpointed_trial(tmp_path, "t-outage")
+    trial.path = str(tmp_path / "t-outage")
+    saved = tmp_path / "t-outage" / "checkpoint_000000" / "checkpoint.pt"
+    torch.save({**torch.load(saved, weights_only=True), "epoch": 1}, saved)  # as a trial's, which the replay reads
+    callback = MlflowTrialCallback(sweep, _describe, {}, epochs=1, buffer_dir=tmp_path / "buffer")
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    _report(callback, trial, 1)
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
+    callback.on_experiment_end(trials=[trial])
+    run_id = callback.runs["t-outage"]
+    assert callback.buffer.down and callback.buffer.pending == 2  # the upload, then the run's end
+    assert mlflow.get_run(run_id).info.status == "RUNNING"
+    monkeypatch.undo()  # the server answers again
+    assert callback.buffer.flush(force=True)
+    run = mlflow.get_run(run_id)
+    assert run.info.status == "FINISHED" and "model_uri" in run.data.tags
+    assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
