@@ -27,15 +27,15 @@ keep_local_ray_on_loopback()  # before Ray is imported
 
 import torch  # noqa: E402
 
-from benchmarks.common import make_parser, positive_int, progress  # noqa: E402
+from benchmarks.common import REDUCED_MODEL, make_parser, positive_int, progress  # noqa: E402
 from pipeline.sweep.tracking.callback import MlflowTrialCallback, TrialEnd, TrialInfo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def paper_checkpoint(directory: Path) -> int:
+def paper_checkpoint(directory: Path, reduced: bool = False) -> int:
     """A checkpoint of the paper's SA quadratic model as a trial writes it (weights, SGD momentum, configs); its
-    size in bytes."""
+    size in bytes. ``reduced``: the benchmarks' reduced CPU size instead (a smoke run)."""
     from pipeline.config import load_params
     from pipeline.models import build_model
     from pipeline.trial.checkpoint import heads_of
@@ -43,6 +43,8 @@ def paper_checkpoint(directory: Path) -> int:
 
     params = load_params(ROOT / "params" / "paper.yaml")
     model_cfg = params.model_for("sa_quadratic_9")
+    if reduced:
+        model_cfg = model_cfg.model_copy(update=REDUCED_MODEL)
     model = build_model(model_cfg, image_size=32, in_channels=3, num_classes=10)
     optimizer = build_optimizer(model, params.train)
     for p in model.parameters():
@@ -150,6 +152,7 @@ def summary(label: str, callback: TimedCallback) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser("trial_end", __doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=positive_int, default=3, help="trials per way (default: %(default)s)")
+    parser.add_argument("--reduced", action="store_true", help="the reduced CPU model size, not the paper's (smoke)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="trial-end-") as tmp:
         root = Path(tmp)
-        size = paper_checkpoint(root / "paper_checkpoint")
+        size = paper_checkpoint(root / "paper_checkpoint", args.reduced)
         own_ray = not ray.is_initialized()  # else the Ray of the calling process (the test session's)
         progress(f"paper-size checkpoint: {size / 2**20:.0f} MiB" + ("; starting a local Ray" if own_ray else ""))
         if own_ray:
@@ -172,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if own_ray:
                 ray.shutdown()
-    print(f"trial ends at paper size ({size / 2**20:.0f} MiB checkpoint), {args.trials} trials each, one at a time")
+    what = "reduced size" if args.reduced else "paper size"
+    print(f"trial ends at {what} ({size / 2**20:.1f} MiB checkpoint), {args.trials} trials each, one at a time")
     print(f"{'way':<12} {'driver s':>9} {'drv CPU s':>9} {'worker s':>9} {'next start s':>12} {'overlap':>7}")
     for label, callback in runs.items():
         print("\n".join(summary(label, callback)))
