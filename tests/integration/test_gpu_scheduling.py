@@ -1,8 +1,8 @@
 """GPU trials scheduled without a GPU: the session's Ray declares 2 GPUs it does not have, the tune stage
 runs the sweep with ``sweep.resources.gpu`` 1 and 0.5, and the MLflow runs say which GPU Ray gave each trial
-(``ray.gpu_ids``), what the trial saw (``cuda_visible_devices``) and when Tune held it (the run's start and end).
-Without ``sweep.resources.cpu_fallback`` a trial given a GPU that finds no CUDA fails in one line instead of training
-on the CPU."""
+(``ray.gpu_ids``), what the trial saw (``cuda_visible_devices``) and when Tune held it (from the run's creation to
+its last epoch's metrics). Without ``sweep.resources.cpu_fallback`` a trial given a GPU that finds no CUDA fails in
+one line instead of training on the CPU."""
 
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ def _gpu_sweep(project: Project, params: dict, gpu: float, seeds: list[int], **r
     return done.returncode, done.stdout + done.stderr
 
 
-def _trial_runs(project: Project) -> list:
+def _trial_runs(project: Project) -> tuple[list, MlflowClient]:
     manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
     assert all(t["status"] == "finished" and not t["reused"] for t in manifest["trials"]), manifest["trials"]
     client = MlflowClient(manifest["tracking_uri"])
-    return [client.get_run(t["run_id"]) for t in manifest["trials"]]
+    return [client.get_run(t["run_id"]) for t in manifest["trials"]], client
 
 
 def _most_at_once(windows: list[tuple[int, int]]) -> int:
@@ -62,23 +62,27 @@ def gpus(ray_address: str) -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def _per_gpu(runs: list, gpus: int) -> dict[str, list[tuple[int, int]]]:
-    """Each run's Tune-held window, by the GPU Ray gave it; checks each trial saw exactly that GPU and no CUDA."""
+def _per_gpu(runs: list, gpus: int, client: MlflowClient) -> dict[str, list[tuple[int, int]]]:
+    """Each trial's window on its GPU, by the GPU Ray gave it: from its run's creation (the driver, when Tune starts
+    the trial) to its last epoch's metrics (the driver, when the last report came; not the run's end, which follows
+    the model's logging on the driver's background thread, after Tune has freed the GPU). Checks each trial saw
+    exactly that GPU and no CUDA."""
     windows: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for run in runs:
         tags = run.data.tags
         assert tags["ray.gpu_ids"] in {str(i) for i in range(gpus)}, tags  # one GPU, one Ray declared
         assert tags["cuda_visible_devices"] == tags["ray.gpu_ids"], tags  # Ray's remapping reached the trial
         assert tags["device"] == "cpu", tags  # no CUDA here: trained on the CPU, as cpu_fallback allowed
-        windows[tags["ray.gpu_ids"]].append((run.info.start_time, run.info.end_time))
+        last_report = max(m.timestamp for m in client.get_metric_history(run.info.run_id, "test_acc"))
+        windows[tags["ray.gpu_ids"]].append((run.info.start_time, last_report))
     return windows
 
 
 def test_one_gpu_per_trial_runs_one_trial_per_gpu(project: Project, project_params: dict, gpus: int) -> None:
     returncode, output = _gpu_sweep(project, project_params, 1, [41, 42], cpu_fallback=True)
     assert returncode == 0, output[-3000:]
-    runs = _trial_runs(project)
-    windows = _per_gpu(runs, gpus)
+    runs, client = _trial_runs(project)
+    windows = _per_gpu(runs, gpus, client)
     assert len(runs) == 4 and set(windows) == {"0", "1"}  # the first two trials start together, one on each GPU
     assert all(_most_at_once(w) == 1 for w in windows.values()), windows
     assert _most_at_once([w for ws in windows.values() for w in ws]) == gpus
@@ -87,23 +91,27 @@ def test_one_gpu_per_trial_runs_one_trial_per_gpu(project: Project, project_para
 def test_half_a_gpu_per_trial_packs_two_trials_per_gpu(project: Project, project_params: dict, gpus: int) -> None:
     returncode, output = _gpu_sweep(project, project_params, 0.5, [43, 44], cpu_fallback=True)
     assert returncode == 0, output[-3000:]
-    runs = _trial_runs(project)
-    windows = _per_gpu(runs, gpus)
+    runs, client = _trial_runs(project)
+    windows = _per_gpu(runs, gpus, client)
     assert len(runs) == 4
     assert max(_most_at_once(w) for w in windows.values()) == 2, windows  # two trials shared a GPU at once
     assert _most_at_once([w for ws in windows.values() for w in ws]) <= 2 * gpus
 
 
 def test_a_trial_given_a_gpu_without_cuda_fails_in_one_line(project: Project, project_params: dict) -> None:
-    """No silent CPU training: the trial fails at once, not retried, the stage says why and what to set."""
+    """No silent CPU training: the trial fails before its first epoch, is not trained by its retries, and the message
+    (one line, naming the option) is in the stage's output and on its run."""
     project_params["sweep"]["variants"] = ["sa_quadratic_9"]
     returncode, output = _gpu_sweep(project, project_params, 1, [45])
     assert returncode == 1, output[-3000:]
-    said = [line for line in output.splitlines() if "sa_quadratic_9 seed 45 failed, not retried:" in line]
-    assert len(said) == 1, output[-3000:]
-    assert "Ray assigned this trial GPU [" in said[0] and "but torch finds no CUDA device" in said[0]
-    assert "sweep.resources.cpu_fallback: true" in said[0]
+    summary = [line for line in output.splitlines() if "sa_quadratic_9 seed 45 failed, not retried:" in line]
+    assert len(summary) == 1 and "sweep.resources.cpu_fallback: true" in summary[0], output[-3000:]
+    said = [line for line in output.splitlines() if "Ray assigned this trial GPU [" in line]
+    assert said and all("but torch finds no CUDA device" in line for line in said), output[-3000:]
+    assert all("sweep.resources.cpu_fallback: true" in line for line in said), output[-3000:]
     manifest = json.loads((project.path / "results/tune/manifest.json").read_text())
     (trial,) = manifest["trials"]
-    assert trial["status"] == "error" and "no CUDA device" in trial["failure_reason"]
-    assert trial["epochs_completed"] == 0  # failed before training, not after an epoch on the CPU
+    assert trial["status"] == "error" and trial["epochs_completed"] == 0  # failed before training on the CPU
+    reason = MlflowClient(manifest["tracking_uri"]).get_run(trial["run_id"]).data.tags["tune.failure_reason"]
+    assert "\n" not in reason and reason.startswith("Ray assigned this trial GPU [")
+    assert "sweep.resources.cpu_fallback: true" in reason

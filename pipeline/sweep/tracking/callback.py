@@ -31,6 +31,7 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
+from ray import cloudpickle
 from ray.tune import Callback
 
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
@@ -128,7 +129,13 @@ def unretryable_reason(trial: Any) -> str | None:
     """The reason of the trial's last error when it is an ``UnretryableTrialError`` (divergence, bad config), read from
     the error Tune pickled; None for any other error (or none)."""
     try:
-        error = trial.get_pickled_error()
+        # Tune writes the error into the trial's local folder just before on_trial_error and copies it to the storage
+        # (where get_pickled_error reads) only at a later sync: a trial failing before its first report had none there.
+        local = trial.pickled_error_file
+        if local and Path(local).is_file():
+            error = cloudpickle.loads(Path(local).read_bytes())
+        else:
+            error = trial.get_pickled_error()
     except Exception:  # noqa: BLE001 - an unreadable error file only loses the reason, never the run's end
         return None
     while error is not None:  # Ray wraps the trial's exception (RayTaskError, TuneError): walk to the cause
