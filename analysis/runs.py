@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +58,7 @@ class LoadedRun:
     test_acc: float = math.nan  # last epoch
     best_test_acc: float = math.nan
     epochs: float = math.nan  # last step logged (fine-tuning epochs for a pruned model)
-    checkpoint_dir: Path | None = None  # the downloaded artifact folder
+    checkpoint_dir: Path | None = None  # the artifact folder (read in place when local, else downloaded): read only
     model: nn.Module | None = None
     image_shape: tuple[int, int, int] | None = None
     head_history: list[dict[str, Any]] = field(default_factory=list)
@@ -185,18 +187,39 @@ def _history(client: MlflowClient, run_id: str) -> pd.DataFrame:
     return frame.astype({"epoch": int}).sort_values("epoch", ignore_index=True)
 
 
-def _download_checkpoint(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) -> None:
-    """The run's ``checkpoint/`` artifact, downloaded through MLflow into ``cache_dir/<run id>/``, and its model."""
-    listed = [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(record.run_id, CHECKPOINT_ARTIFACT)]
-    if CHECKPOINT_FILE not in listed:
-        record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
-        return
-    destination = cache_dir / str(record.run_id)
-    destination.mkdir(parents=True, exist_ok=True)
-    local = mlflow.artifacts.download_artifacts(
-        run_id=record.run_id, artifact_path=CHECKPOINT_ARTIFACT, dst_path=str(destination), tracking_uri=uri
-    )
-    record.checkpoint_dir = Path(local)
+def local_artifacts(artifact_uri: str) -> Path | None:
+    """A run's artifact folder when it lies on this machine's file system (a local sqlite store's ``file:`` URI), to
+    be read in place; None for a server's proxied artifacts or a bucket (downloaded through MLflow)."""
+    parsed = urllib.parse.urlparse(artifact_uri)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(urllib.request.url2pathname(parsed.path))
+    return Path(artifact_uri) if parsed.scheme == "" else None
+
+
+def _download_checkpoint(
+    client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path, artifact_uri: str = ""
+) -> None:
+    """The run's ``checkpoint/`` artifact and its model: read where it lies when the store's artifacts are on this
+    machine (a copy would read every checkpoint twice: paper-size ones are 92 MiB), else downloaded through MLflow
+    into ``cache_dir/<run id>/``."""
+    in_place = local_artifacts(artifact_uri)
+    if in_place is not None and (in_place / CHECKPOINT_ARTIFACT).is_dir():
+        record.checkpoint_dir = in_place / CHECKPOINT_ARTIFACT
+        if not (record.checkpoint_dir / CHECKPOINT_FILE).is_file():
+            record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
+            record.checkpoint_dir = None
+            return
+    else:
+        listed = [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(record.run_id, CHECKPOINT_ARTIFACT)]
+        if CHECKPOINT_FILE not in listed:
+            record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
+            return
+        destination = cache_dir / str(record.run_id)
+        destination.mkdir(parents=True, exist_ok=True)
+        local = mlflow.artifacts.download_artifacts(
+            run_id=record.run_id, artifact_path=CHECKPOINT_ARTIFACT, dst_path=str(destination), tracking_uri=uri
+        )
+        record.checkpoint_dir = Path(local)
     checkpoint = load_checkpoint(record.checkpoint_dir)
     channels, height, width = (int(v) for v in checkpoint["image_shape"])
     record.image_shape = (channels, height, width)
@@ -234,7 +257,7 @@ def fetch(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) ->
     if record.status not in COMPLETED:
         record.note(f"trial {record.status}")
     try:
-        _download_checkpoint(client, uri, record, cache_dir)
+        _download_checkpoint(client, uri, record, cache_dir, run.info.artifact_uri)
     except (MlflowException, OSError, ValueError, KeyError, RuntimeError) as err:  # unreadable or mismatched
         record.model = None
         record.note(f"checkpoint unusable ({type(err).__name__}: {str(err).splitlines()[0][:200]})")

@@ -263,6 +263,9 @@ def _token(value: Any) -> str:
 class Resources(_Section):
     cpu: Annotated[float, Field(gt=0.0)] = 1.0
     gpu: Annotated[float, Field(ge=0.0)] = 0.0
+    # A trial Ray gave a GPU that finds no CUDA (a CPU-only torch build, a driver missing on the node) fails with one
+    # line; true lets it train on the CPU instead (and say so), e.g. to test GPU scheduling on a machine without one.
+    cpu_fallback: bool = False
 
 
 class AshaConfig(_Section):

@@ -9,12 +9,16 @@ not comparable.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import platform
 from collections.abc import Iterator
 
 import torch
 
 from pipeline.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:
@@ -24,6 +28,37 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("train.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def trial_train_config(cfg: TrainConfig, gpu_ids: list, cpu_fallback: bool) -> TrainConfig:
+    """``cfg`` for a trial that Ray gave ``gpu_ids``: on the CPU when it got none; an error naming the option when it
+    got some but torch finds no CUDA (unless ``cpu_fallback``: ``sweep.resources.cpu_fallback``), instead of
+    training silently on the CPU a sweep that asked for GPUs."""
+    if not gpu_ids:  # use the GPU Ray assigned, or none at all
+        if cfg.device == "cuda":
+            raise ValueError("train.device is 'cuda' but Ray assigned this trial no GPU (sweep.resources.gpu)")
+        return cfg.model_copy(update={"device": "cpu"})
+    if torch.cuda.is_available():
+        return cfg
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+    problem = f"Ray assigned this trial GPU {gpu_ids} (CUDA_VISIBLE_DEVICES={visible}) but torch finds no CUDA device"
+    if not cpu_fallback or cfg.device == "cuda":
+        raise ValueError(
+            f"{problem} (torch {torch.__version__}, built for CUDA {torch.version.cuda}); install a CUDA build of "
+            "torch on the node, or set sweep.resources.cpu_fallback: true to train such trials on the CPU"
+        )
+    log.warning("%s; training on the CPU (sweep.resources.cpu_fallback: true)", problem)
+    return cfg.model_copy(update={"device": "cpu"})
+
+
+def gpu_tags(gpu_ids: list) -> dict[str, str]:
+    """The GPUs Ray gave a trial and what the process sees of them (for MLflow tags); none for a CPU trial."""
+    if not gpu_ids:
+        return {}
+    return {
+        "ray.gpu_ids": ",".join(map(str, gpu_ids)),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+    }
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:

@@ -21,7 +21,7 @@ from ray import tune
 from pipeline.config import parse_params
 from pipeline.trial.checkpoint import checkpoint_loads
 from pipeline.trial.code_version import check_trial_code
-from pipeline.trial.device import device_tags
+from pipeline.trial.device import device_tags, gpu_tags, trial_train_config
 from pipeline.trial.loop import DivergedError, run_trial
 from pipeline.trial.report import ETA_KEY, UNRETRYABLE_FILE, WHERE_KEY, UnretryableTrialError
 
@@ -70,14 +70,13 @@ def train_trial(
 def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, Any]) -> None:
     params = parse_params(params_json, "trial params")
     model_cfg = params.model_for(config["variant"])
+    gpu_ids = ray.get_gpu_ids()
     train_cfg = params.train.model_copy(update={"seed": config["seed"]})
-    if not ray.get_gpu_ids():  # use the GPU Ray assigned, or none at all
-        if train_cfg.device == "cuda":
-            raise ValueError("train.device is 'cuda' but Ray assigned this trial no GPU (sweep.resources.gpu)")
-        train_cfg = train_cfg.model_copy(update={"device": "cpu"})
+    train_cfg = trial_train_config(train_cfg, gpu_ids, params.sweep.resources.cpu_fallback)
     # Where it runs goes with every report (the driver tags the run when it changes: a retry may run elsewhere, and a
     # first report can be the one a retry re-trains and skips); the progress table's chosen columns leave it out.
-    where = {WHERE_KEY: {"ray.node_id": ray.get_runtime_context().get_node_id(), **device_tags(train_cfg)}}
+    node = ray.get_runtime_context().get_node_id()
+    where = {WHERE_KEY: {"ray.node_id": node, **device_tags(train_cfg), **gpu_tags(gpu_ids)}}
     fail_after = params.sweep.fail_once_after_epoch  # from the params, so the hook stays out of Tune's trial config
     checkpoint = tune.get_checkpoint()
 

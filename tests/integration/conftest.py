@@ -31,12 +31,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+SESSION_GPUS = 2  # declared, not present: Ray schedules GPU trials on them (tests/integration/test_gpu_scheduling.py)
+
+
 @pytest.fixture(scope="session")
 def ray_address() -> Iterator[str]:
+    """One local Ray for the session: 2 CPUs and ``SESSION_GPUS`` declared GPUs (Ray accepts GPUs a machine does not
+    have; a trial that asks for none never sees them), so GPU scheduling is tested without a GPU or a second Ray."""
     import ray
 
     ray.init(
         num_cpus=2,
+        num_gpus=SESSION_GPUS,
         include_dashboard=False,
         object_store_memory=300 * 1024**2,
         _node_ip_address="127.0.0.1",

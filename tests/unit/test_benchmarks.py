@@ -26,6 +26,7 @@ BENCHMARKS = (
     "gpu_sharing",
     "finding",
     "sweep_scale",
+    "trial_end",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -36,6 +37,7 @@ FIRST_WORK = {
     "gpu_sharing": "run",
     "finding": "prepare_dataset",
     "sweep_scale": "fill_store",
+    "trial_end": "paper_checkpoint",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -235,6 +237,7 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("sweep_overhead", ["--variants", "nonsense"], "--variants: unknown ['nonsense']"),
         ("sweep_overhead", ["--epochs", "0"], "--epochs"),
         ("gpu_sharing", ["--counts", "1,0"], "--counts"),
+        ("trial_end", ["--trials", "0"], "--trials"),
         ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("finding", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nonsense"),

@@ -12,7 +12,8 @@ Why the driver writes everything instead of the trials:
   they started instead of opening a duplicate; the parent run id is kept next to that state (``parent.PARENT_FILE``);
 - metrics go out as one ``log_batch`` per epoch (``step=epoch``), only those ``epoch_metrics`` picks from the report,
   not Ray's bookkeeping keys; the final checkpoint and head-centre history are uploaded once, when the trial ends,
-  with the final model (an MLflow model) and the prepared dataset as the run's input.
+  with the final model (an MLflow model) and the prepared dataset as the run's input, on a background thread
+  (``trial_end``) so that Tune's event loop starts the next trial meanwhile; the checkpoint is read once there.
 Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_interrupted`` and reopened on restore.
 Every write to a run goes through the callback's ``TrackingBuffer`` (``buffer``): a tracking server that stays down
 queues the writes on disk instead of stopping the sweep, and they are replayed when it answers again.
@@ -30,12 +31,13 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
+from ray import cloudpickle
 from ray.tune import Callback
 
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.buffer import BUFFER_FILE, PLACEHOLDER, TrackingBuffer
-from pipeline.sweep.tracking.logged_model import PreparedDataset
+from pipeline.sweep.tracking.logged_model import PreparedDataset, log_checkpoint
 from pipeline.sweep.tracking.parent import ParentRun
 from pipeline.sweep.tracking.store import CountingClient, child_runs, is_outage, mlflow_client
 from pipeline.sweep.tracking.tags import (
@@ -49,7 +51,8 @@ from pipeline.sweep.tracking.tags import (
     TRIAL_PATH_TAG,
     context_tags,
 )
-from pipeline.trial.checkpoint import checkpoint_loads, load_checkpoint
+from pipeline.sweep.tracking.trial_end import TrialEndWorker
+from pipeline.trial.checkpoint import CorruptCheckpointError, checkpoint_loads, load_checkpoint
 from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError, epoch_metrics
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,21 @@ log = logging.getLogger(__name__)
 # Keys of run_trial's per-epoch report that every run has as MLflow metrics (``epoch`` is the step, not a metric); a
 # self-attention trial's report adds its locality/layer<l>/<metric> values (``report.epoch_metrics`` selects both).
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
+
+
+@dataclass
+class TrialEnd:
+    """A trial's end handed to the background thread: what it uploads, from where, and the status it closes the run
+    with. Handed back to the driver thread when the server could not be reached (``uploaded``: what was done)."""
+
+    run_id: str
+    trial_id: str
+    checkpoint: Any  # ray.tune.Checkpoint (the trial's last)
+    location: str  # the checkpoint as a later sweep opens it
+    trial_location: str
+    status: str
+    uploaded: bool = False
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +105,7 @@ def close_interrupted(callback: MlflowTrialCallback) -> int:
     writes still queued) the store cannot say which runs are open: those the callback opened and did not end are
     closed through the buffer."""
     parent, buffer = callback.parent, callback.buffer
+    callback.finish_trial_ends(raise_errors=False)  # the uploads in flight end their runs first
     open_ids = sorted(callback.open_runs())
     if buffer.flush(force=True):
         try:
@@ -110,7 +129,13 @@ def unretryable_reason(trial: Any) -> str | None:
     """The reason of the trial's last error when it is an ``UnretryableTrialError`` (divergence, bad config), read from
     the error Tune pickled; None for any other error (or none)."""
     try:
-        error = trial.get_pickled_error()
+        # Tune writes the error into the trial's local folder just before on_trial_error and copies it to the storage
+        # (where get_pickled_error reads) only at a later sync: a trial failing before its first report had none there.
+        local = trial.pickled_error_file
+        if local and Path(local).is_file():
+            error = cloudpickle.loads(Path(local).read_bytes())
+        else:
+            error = trial.get_pickled_error()
     except Exception:  # noqa: BLE001 - an unreadable error file only loses the reason, never the run's end
         return None
     while error is not None:  # Ray wraps the trial's exception (RayTaskError, TuneError): walk to the cause
@@ -149,6 +174,7 @@ class MlflowTrialCallback(Callback):
         dataset: PreparedDataset | None = None,
         buffer_dir: Path | None = None,
         storage: StoragePath | None = None,
+        background_ends: bool = True,
     ) -> None:
         self.parent = parent
         self.run_info = run_info
@@ -167,6 +193,8 @@ class MlflowTrialCallback(Callback):
         self._client: CountingClient | None = None
         self._buffer: TrackingBuffer | None = None
         self.epochs_logged = 0
+        self.background_ends = background_ends  # False: a trial's end is logged on Tune's event loop (benchmarks)
+        self._trial_ends: TrialEndWorker | None = None
 
     @property
     def client(self) -> CountingClient:
@@ -186,7 +214,7 @@ class MlflowTrialCallback(Callback):
         return self._client.calls if self._client is not None else Counter()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "_buffer": None}
+        return {**self.__dict__, "_client": None, "_buffer": None, "_trial_ends": None}
 
     def get_state(self) -> dict | None:
         return {"runs": self.run_ids(), "last_epoch": dict(self.last_epoch)}
@@ -236,6 +264,8 @@ class MlflowTrialCallback(Callback):
         known["tags"].update(tags)
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        if self._trial_ends is not None:
+            self._settle(self._trial_ends.done())
         if self._buffer is not None and (self._buffer.down or self._buffer.pending):
             self._buffer.flush()  # at most one probe every RETRY_EVERY_S; replays in order once the server answers
 
@@ -400,9 +430,80 @@ class MlflowTrialCallback(Callback):
             tags["tune.early_stopped"] = "true"
         self.buffer.set_tags(run_id, tags)
         self._remember(trial, tags)
-        self._log_checkpoint(run_id, trial)
-        self.buffer.set_terminated(run_id, RunStatus.to_string(RunStatus.from_string(status)))
+        status = RunStatus.to_string(RunStatus.from_string(status))
+        checkpoint = trial.checkpoint
+        if checkpoint is not None and self.background_ends and not (self.buffer.down or self.buffer.pending):
+            location, trial_location = self.location_of(checkpoint.path), self.location_of(trial.path)
+            end = TrialEnd(run_id, trial.trial_id, checkpoint, str(location), str(trial_location), status)
+            if self._trial_ends is None:
+                self._trial_ends = TrialEndWorker()
+            self._trial_ends.submit(lambda: self._end_trial(end))  # the run is closed there, after its model
+        else:
+            self._log_checkpoint(run_id, trial)
+            self.buffer.set_terminated(run_id, status)
         self._open.discard(trial.trial_id)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.finish_trial_ends()
+
+    def finish_trial_ends(self, raise_errors: bool = True) -> None:
+        """Wait for the trial ends still uploading (before the sweep's runs are read or closed); an error one raised
+        is raised here (or, with ``raise_errors`` false, while runs are being closed anyway, logged)."""
+        if self._trial_ends is None or not self._trial_ends.outstanding:
+            return
+        log.info("MLflow: waiting for %d trial end(s) still logging their model", self._trial_ends.pending)
+        try:
+            self._settle(self._trial_ends.drain())
+        except Exception as err:
+            if raise_errors:
+                raise
+            log.error("MLflow: a trial's end could not be logged: %s", err)
+
+    def _end_trial(self, end: TrialEnd) -> TrialEnd | None:
+        """On the background thread: upload the trial's checkpoint (read once: verified and rebuilt into its model
+        from the same payload), log its model, close its run. Returns ``end`` when the server could not be reached,
+        for the driver thread to queue in the buffer (``_settle``)."""
+        try:
+            with end.checkpoint.as_directory() as local:  # a download when the storage is a bucket
+                try:
+                    payload = load_checkpoint(Path(local))  # a truncated file must not become the run's checkpoint
+                except (FileNotFoundError, CorruptCheckpointError):
+                    log.warning(
+                        "MLflow: not uploading the checkpoint of trial %s: %s/%s does not load",
+                        end.trial_id,
+                        end.checkpoint.path,
+                        CHECKPOINT_FILE,
+                    )
+                else:
+                    uri, dataset = self.parent.tracking_uri, self.dataset
+                    log_checkpoint(self.client, uri, end.run_id, Path(local), dataset, end.location, payload)
+                    end.uploaded = True
+        except Exception as err:
+            if self.buffer_file is not None and is_outage(err):  # as TrackingBuffer.write decides
+                end.error = err
+                return end
+            if not isinstance(err, (OSError, MlflowException)):
+                raise
+            # the run's metrics are still worth keeping
+            log.warning("MLflow: could not log the checkpoint or model of trial %s: %s", end.trial_id, err)
+        end.uploaded = True  # nothing (more) to upload
+        try:
+            self.client.set_terminated(end.run_id, status=end.status)
+        except Exception as err:
+            if self.buffer_file is None or not is_outage(err):
+                raise
+            end.error = err
+            return end
+        return None
+
+    def _settle(self, ended: list[TrialEnd | None]) -> None:
+        """In the driver thread: the trial ends the server did not answer go to the buffer, in order."""
+        for end in (e for e in ended if e is not None):
+            self.buffer.went_down(end.error)
+            if not end.uploaded:
+                location, trial_location = StoragePath(end.location), StoragePath(end.trial_location)
+                self.buffer.upload_checkpoint(end.run_id, location, trial_location, self.dataset)
+            self.buffer.set_terminated(end.run_id, end.status)
 
     def _log_checkpoint(self, run_id: str, trial: Any) -> None:
         """Upload the trial's latest checkpoint dir (checkpoint.pt, head_history.json) as artifact ``checkpoint/``.

@@ -67,10 +67,12 @@ def _active_run(tracking_uri: str, run_id: str) -> Iterator[None]:
         yield
 
 
-def log_trial_model(tracking_uri: str, run_id: str, checkpoint_dir: Path, dataset: PreparedDataset | None) -> str:
+def log_trial_model(
+    tracking_uri: str, run_id: str, checkpoint_dir: Path, dataset: PreparedDataset | None, payload: dict | None = None
+) -> str:
     """Log the checkpoint's model (with an input example and its signature) and ``dataset`` as the input of run
-    ``run_id``; return the model's URI (``models:/<id>``)."""
-    payload = load_checkpoint(checkpoint_dir)
+    ``run_id``; return the model's URI (``models:/<id>``). ``payload``: the checkpoint, already loaded."""
+    payload = payload if payload is not None else load_checkpoint(checkpoint_dir)
     model = model_from_payload(payload)
     example = torch.zeros(EXAMPLE_BATCH, *payload["image_shape"])
     with torch.no_grad():
@@ -114,13 +116,14 @@ def log_checkpoint(
     checkpoint_dir: Path,
     dataset: PreparedDataset | None,
     location: str | None = None,
+    payload: dict | None = None,
 ) -> None:
     """A trial's checkpoint folder (``checkpoint.pt``, ``head_history.json``) as artifact ``checkpoint/`` of run
     ``run_id``, and its final model: tags ``tune.checkpoint`` (the folder, or ``location``: where it is kept when
-    ``checkpoint_dir`` is a downloaded copy) and ``model_uri``."""
+    ``checkpoint_dir`` is a downloaded copy) and ``model_uri``. ``payload``: ``checkpoint.pt`` already loaded."""
     client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
     client.set_tag(run_id, CHECKPOINT_TAG, location or str(checkpoint_dir))
-    model_uri = log_trial_model(tracking_uri, run_id, checkpoint_dir, dataset)
+    model_uri = log_trial_model(tracking_uri, run_id, checkpoint_dir, dataset, payload)
     client.set_tag(run_id, MODEL_URI_TAG, model_uri)
 
 

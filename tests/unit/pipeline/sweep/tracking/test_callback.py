@@ -151,6 +151,7 @@ def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, trunca
     callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
     _report(callback, trial, 1)
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
+    callback.on_experiment_end(trials=[trial])  # as Tune does when fit() ends: the trial ends logging are done
     run = mlflow.get_run(callback.runs["t-upload"])
     uploaded = [a.path for a in mlflow.list_artifacts(run.info.run_id, "checkpoint")]
     assert uploaded == ([] if truncated else ["checkpoint/checkpoint.pt"])
@@ -204,3 +205,126 @@ def test_every_node_a_trial_ran_on_is_recorded_across_a_restore(client) -> None:
     report(restored, 4, "node-c")
     tags = mlflow.get_run(first.runs["t2"]).data.tags
     assert tags[NODES_TAG] == "node-a,node-b,node-c" and tags["ray.node_id"] == "node-c"
+
+
+def _checkpointed_trial(tmp_path: Path, trial_id: str) -> _Trial:
+    from ray import tune
+
+    from pipeline.config import ModelConfig
+    from pipeline.models import build_model
+    from pipeline.trial.checkpoint import save_model_checkpoint
+
+    directory = tmp_path / trial_id / "checkpoint_000000"
+    cfg = ModelConfig(hidden=8, layers=1, ffn=16, heads=4, downsample=2)
+    model = build_model(cfg, image_size=8, in_channels=3, num_classes=10)
+    save_model_checkpoint(directory, model, cfg, image_shape=(3, 8, 8), num_classes=10)
+    trial = _Trial(trial_id)
+    trial.checkpoint = tune.Checkpoint.from_directory(str(directory))
+    return trial
+
+
+def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """on_trial_complete returns while the model is still being logged (Tune starts the next trial meanwhile); the run
+    is closed after its model, and on_experiment_end waits for it."""
+    import threading
+
+    from pipeline.sweep.tracking import callback as module
+
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    release, real = threading.Event(), module.log_checkpoint
+
+    def held(*args, **kwargs) -> None:
+        assert release.wait(60), "never released"
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "log_checkpoint", held)
+    trial = _checkpointed_trial(tmp_path, "t-background")
+    callback = MlflowTrialCallback(sweep, _describe, {}, epochs=1)
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    _report(callback, trial, 1)
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)  # returns with the upload held
+    run_id = callback.runs["t-background"]
+    during = mlflow.get_run(run_id)
+    assert during.info.status == "RUNNING" and "model_uri" not in during.data.tags
+    assert during.data.tags["tune.status"] == "finished"  # the label is written at once, in the driver thread
+    release.set()
+    callback.on_experiment_end(trials=[trial])
+    after = mlflow.get_run(run_id)
+    assert after.info.status == "FINISHED" and "model_uri" in after.data.tags
+    assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
+
+
+def test_a_trials_checkpoint_is_read_once_at_its_end(client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verified, then rebuilt into the logged model, from one read of checkpoint.pt."""
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    trial = _checkpointed_trial(tmp_path, "t-read-once")
+    callback = MlflowTrialCallback(sweep, _describe, {}, epochs=1)
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    _report(callback, trial, 1)
+    reads, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda path, *a, **k: reads.append(str(path)) or load(path, *a, **k))
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
+    callback.on_experiment_end(trials=[trial])
+    # (MLflow's log_model also loads the model it saved, model.pth, to check the input example against it.)
+    assert [Path(p).name for p in reads if Path(p).name == "checkpoint.pt"] == ["checkpoint.pt"]
+    assert "model_uri" in mlflow.get_run(callback.runs["t-read-once"]).data.tags
+
+
+def test_an_error_at_a_trials_end_is_raised_in_the_driver_when_the_sweep_ends(
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.sweep.tracking import callback as module
+
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+
+    def broken(*args, **kwargs) -> None:
+        raise RuntimeError("a bug in the model logging")
+
+    monkeypatch.setattr(module, "log_checkpoint", broken)
+    trial = _checkpointed_trial(tmp_path, "t-broken")
+    callback = MlflowTrialCallback(sweep, _describe, {}, epochs=1)
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    _report(callback, trial, 1)
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
+    with pytest.raises(RuntimeError, match="a bug in the model logging"):
+        callback.on_experiment_end(trials=[trial])
+
+
+def test_an_outage_during_a_background_trial_end_goes_to_the_buffer_and_is_replayed(
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server stops answering while the worker uploads: the trial's end is handed back to the driver thread,
+    queued in the buffer behind the run's earlier writes, and the replay uploads it and closes the run."""
+    import requests
+
+    from pipeline.sweep.tracking import callback as module
+
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+
+    def unreachable(*args, **kwargs) -> None:
+        raise requests.exceptions.ConnectionError("connection refused")
+
+    monkeypatch.setattr(module, "log_checkpoint", unreachable)
+    trial = _checkpointed_trial(tmp_path, "t-outage")
+    trial.path = str(tmp_path / "t-outage")
+    saved = tmp_path / "t-outage" / "checkpoint_000000" / "checkpoint.pt"
+    torch.save({**torch.load(saved, weights_only=True), "epoch": 1}, saved)  # as a trial's, which the replay reads
+    callback = MlflowTrialCallback(sweep, _describe, {}, epochs=1, buffer_dir=tmp_path / "buffer")
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    _report(callback, trial, 1)
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
+    callback.on_experiment_end(trials=[trial])
+    run_id = callback.runs["t-outage"]
+    assert callback.buffer.down and callback.buffer.pending == 2  # the upload, then the run's end
+    assert mlflow.get_run(run_id).info.status == "RUNNING"
+    monkeypatch.undo()  # the server answers again
+    assert callback.buffer.flush(force=True)
+    run = mlflow.get_run(run_id)
+    assert run.info.status == "FINISHED" and "model_uri" in run.data.tags
+    assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
