@@ -150,7 +150,7 @@ def test_progress_output_reads_at_a_glance(swept: dict, tmp_path: Path) -> None:
     stdout = swept["output"].splitlines()  # stdout, then stderr: dvc's stage headers and Ray's tables are on stdout
     tune = stdout[stdout.index("Running stage 'tune':") : stdout.index("Running stage 'prune':")]
     (tmp_path / "tune_stdout.txt").write_text("\n".join(tune))
-    headers = [line for line in tune if line.startswith("| Trial name") and "status" in line]
+    headers = [line for line in tune if line.startswith("| trial ") and "status" in line]
     assert headers, "\n".join(tune)
     for column in ("variant", "seed", "epoch", "train_loss", "test_acc", "images/s", "time (s)", "ETA (s)"):
         assert all(column in header for header in headers), column
