@@ -6,6 +6,7 @@ started or created: a problem costs seconds and one line, never a half-started s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import ray
@@ -53,8 +54,16 @@ TUNE_MANIFEST = Path("results/tune/manifest.json")  # the tune stage's output, i
 
 def manifest_naming(uri: str, project_root: Path) -> Path | None:
     """The tune manifest that records runs in the store at ``uri``, if there is one: that store must not be replaced
-    by a new empty one when its file is gone (``check_store``)."""
-    for path in dict.fromkeys((TUNE_MANIFEST, project_root / TUNE_MANIFEST)):
+    by a new empty one when its file is gone (``check_store``). The workspace's manifest counts only when the
+    workspace belongs to ``project_root`` (it is the project, or DVC runs a queued experiment of it there): a sweep
+    into another root, such as a benchmark's temporary project, would otherwise read this checkout's manifest as its
+    own, resolve its project-relative store against the other root and refuse a store it never had."""
+    dvc_root = os.environ.get("DVC_ROOT")
+    workspace_root = Path(dvc_root).resolve() if dvc_root else Path.cwd().resolve()
+    candidates = [project_root / TUNE_MANIFEST]
+    if workspace_root == project_root.resolve():
+        candidates.insert(0, TUNE_MANIFEST)
+    for path in dict.fromkeys(candidates):
         try:
             if path.is_file() and read_tune_manifest(path, project_root).tracking_uri == uri:
                 return path

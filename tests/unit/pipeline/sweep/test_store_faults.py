@@ -16,6 +16,7 @@ from pipeline.config import load_params
 from pipeline.io import check_store
 from pipeline.sweep.identity import experiment_name
 from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest, write_tune_manifest
+from pipeline.sweep.preflight import manifest_naming
 from pipeline.sweep.tracking.store import prepare_store
 from stages import analyze as analyze_stage
 from stages import prune as prune_stage
@@ -104,3 +105,14 @@ def test_store_checks(tmp_path: Path, template: Path) -> None:
     truncated.write_bytes(template.read_bytes()[:4096])
     with pytest.raises(ValueError, match=f"{truncated}: (unreadable|corrupt) MLflow store"):
         check_store(f"sqlite:///{truncated}")
+
+
+def test_a_sweep_into_another_root_does_not_read_this_workspaces_manifest(project: Path, tmp_path_factory) -> None:
+    """A benchmark sweeps into a temporary project from a checkout that has run ``make repro``: the checkout's
+    manifest names *its* store (project-relative), which must not be resolved against the temporary root and then
+    refused there as "missing"."""
+    other = tmp_path_factory.mktemp("benchmark-project")
+    uri = f"sqlite:///{other / 'mlflow.db'}"
+    assert manifest_naming(f"sqlite:///{project / 'mlflow.db'}", project) is not None  # the project's own
+    assert manifest_naming(uri, other) is None
+    check_store(uri, manifest_naming(uri, other))  # a new store there: created on first use
