@@ -163,6 +163,8 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
     except BaseException:
         claims.release("KILLED")
         raise
+    for line in callback.failure_summary():  # a trial's lost attempts (a killed worker, an error) in one line each
+        log.warning("%s", line)
     claims.release("KILLED" if any(r.status in (INTERRUPTED, ERROR) for r in records) else "FINISHED")
     outcome = TrackedOutcome(
         stage.name, path, restored, parent, decisions, records, dict(callback.calls), callback.epochs_logged
@@ -234,7 +236,7 @@ def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> li
             found = runs.get(trial_id) or by_variant_seed.get((result.config["variant"], str(result.config["seed"])))
             run = (found.info.run_id, found.info.run_name, found.data.tags) if found is not None else None
             outcome = trial_outcome(found)
-        status = ERROR if result.error is not None else outcome
+        status = ERROR if result.error is not None or callback.failed_for_good(result.config) else outcome
         checkpoint = str(callback.location_of(result.checkpoint.path)) if result.checkpoint is not None else None
         variant, seed = result.config["variant"], int(result.config["seed"])
         records.append(trial_record(trial_id, run, variant, seed, status, result.metrics, checkpoint))

@@ -32,6 +32,7 @@ from pipeline.sweep.reuse import RESUME, TrialDecision
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.callback import MlflowTrialCallback
 from pipeline.sweep.tracking.system_metrics import MetricsTarget, train_with_system_metrics
+from pipeline.sweep.worker_deaths import count_worker_deaths_as_failures
 from pipeline.trial.trainable import train_trial
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ def build_tuner(
     # Checkpointing every epoch with num_to_keep forces a state snapshot every few reports; each takes milliseconds
     # here, but short epochs make Tune warn on every one. Only that warning is switched off (user's value wins).
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    count_worker_deaths_as_failures()  # a worker the memory monitor kills costs its trial one attempt, not the sweep
     reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")

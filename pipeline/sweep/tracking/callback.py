@@ -145,6 +145,20 @@ def unretryable_reason(trial: Any) -> str | None:
     return None
 
 
+def last_failure(trial: Any) -> str:
+    """One line on the trial's latest failure, from the error file Tune has just appended it to (``Failure # n
+    (occurred at ...)`` and the error: a trainable's traceback ends with its exception, a lost worker's message starts
+    with what happened); "" when the file cannot be read."""
+    try:
+        text = Path(trial.error_file).read_text()
+    except (OSError, TypeError):
+        return ""
+    lines = [line.strip() for line in text.rsplit("Failure # ", 1)[-1].splitlines()[1:] if line.strip()]
+    if not lines:
+        return ""
+    return (lines[-1] if lines[0].startswith("ray::") else lines[0])[:300]
+
+
 class MlflowTrialCallback(Callback):
     """Driver-side Tune callback: one child run per trial, continued across retries and ``Tuner.restore``.
 
@@ -195,6 +209,8 @@ class MlflowTrialCallback(Callback):
         self.epochs_logged = 0
         self.background_ends = background_ends  # False: a trial's end is logged on Tune's event loop (benchmarks)
         self._trial_ends: TrialEndWorker | None = None
+        # trial_id -> its name and one line per failed attempt, and whether it failed for good (the stage's summary)
+        self.failed_attempts: dict[str, dict[str, Any]] = {}
 
     @property
     def client(self) -> CountingClient:
@@ -399,12 +415,37 @@ class MlflowTrialCallback(Callback):
         nodes.append(node)
         return {NODES_TAG: ",".join(nodes)}
 
+    def _count_failure(self, trial: Any, final: bool) -> None:
+        variant, seed = trial.config.get("variant"), trial.config.get("seed")
+        blank = {"trial": f"{variant} seed {seed}", "config": [variant, seed], "failures": [], "final": False}
+        known = self.failed_attempts.setdefault(trial.trial_id, blank)
+        known["failures"].append(last_failure(trial))
+        known["final"] = final
+
+    def failed_for_good(self, config: dict[str, Any]) -> bool:
+        """Whether Tune ended the trial of ``config`` as failed, its retries spent: also a trial whose every attempt
+        died before its first report, whose error Tune's results do not show (no error file in its storage folder)."""
+        key = [config.get("variant"), config.get("seed")]
+        return any(known["final"] and known["config"] == key for known in self.failed_attempts.values())
+
+    def failure_summary(self) -> list[str]:
+        """One line per trial that lost attempts in this run: how many, whether it was retried, the last reason."""
+        lines = []
+        for known in self.failed_attempts.values():
+            count = len(known["failures"])
+            outcome = "no retry left" if known["final"] else "retried"
+            last = next((line for line in reversed(known["failures"]) if line), "see the trial's error.txt")
+            lines.append(f"{known['trial']}: {count} failed attempt{'s' * (count > 1)}, {outcome} (last: {last})")
+        return lines
+
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._count_failure(trial, final=False)
         run_id = self._run(trial.trial_id)
         if run_id is not None:  # tune.retries is set when the trial ends, as a final count that never goes stale
             self.buffer.set_tags(run_id, {STATUS_TAG: "retrying"})
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._count_failure(trial, final=True)
         run_id = self._run(trial.trial_id)
         reason = unretryable_reason(trial)
         if run_id is not None and reason is not None:  # in the UI: why it failed, and that no retry was made

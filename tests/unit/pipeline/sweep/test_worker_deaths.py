@@ -1,0 +1,53 @@
+"""A trial task that fails because its worker was killed (Ray's memory monitor: ``OutOfMemoryError``) is the actor's
+death to Tune's actor manager, as a SIGKILL is: one failed attempt of the trial, not "Caught unexpected exception"."""
+
+from __future__ import annotations
+
+import pytest
+from ray.air.execution import FixedResourceManager, ResourceRequest
+from ray.air.execution._internal.actor_manager import RayActorManager
+from ray.air.execution._internal.tracked_actor import TrackedActor
+from ray.air.execution._internal.tracked_actor_task import TrackedActorTask
+from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
+
+from pipeline.sweep.worker_deaths import LOST, as_actor_death, count_worker_deaths_as_failures
+
+OOM = "1 worker(s) were killed due to the node running low on memory."
+
+
+def _live_actor_task(events: list) -> tuple[RayActorManager, TrackedActorTask]:
+    """Ray's own actor manager with one live actor (holding its CPU) and a task of it in flight."""
+    resources = FixedResourceManager({"CPU": 1})
+    manager = RayActorManager(resources)
+    request = ResourceRequest([{"CPU": 1}])
+    resources.request_resources(request)
+    actor = TrackedActor(1, on_error=lambda _actor, error: events.append(("actor", error)))
+    manager._live_actors_to_ray_actors_resources[actor] = (None, resources.acquire_resources(request))
+    return manager, TrackedActorTask(actor, on_error=lambda _actor, error: events.append(("task", error)))
+
+
+def test_ray_alone_ends_the_experiment_on_a_memory_monitor_kill() -> None:
+    """What the patch is for (Ray Tune 2.60): when Ray handles it itself, this test fails and the patch can go."""
+    unpatched = getattr(RayActorManager._actor_task_failed, "__wrapped__", RayActorManager._actor_task_failed)
+    manager, task = _live_actor_task([])
+    with pytest.raises(RuntimeError, match="Caught unexpected exception"):
+        unpatched(manager, task, OutOfMemoryError(OOM))
+
+
+def test_a_memory_monitor_kill_is_the_actors_death() -> None:
+    count_worker_deaths_as_failures()
+    count_worker_deaths_as_failures()  # once is enough: a second call does not wrap it twice
+    assert not hasattr(RayActorManager._actor_task_failed.__wrapped__, "__wrapped__")
+    events: list = []
+    manager, task = _live_actor_task(events)
+    manager._actor_task_failed(task, OutOfMemoryError(OOM))
+    assert [who for who, _ in events] == ["actor", "task"]  # Tune: clean the actor up, count the trial's failure
+    for _, error in events:
+        assert isinstance(error, RayActorError) and str(error).startswith(f"{LOST} (OutOfMemoryError): {OOM}")
+    assert manager.live_actors == []  # its CPU is back
+
+
+def test_other_errors_pass_unchanged() -> None:
+    died, raised = RayActorError(error_msg="died"), RayTaskError("train", "Traceback ...", ValueError("x"))
+    assert as_actor_death(died) is died and as_actor_death(raised) is raised
+    assert as_actor_death(KeyError("x")).__class__ is KeyError
