@@ -32,6 +32,7 @@ from pipeline.prune.manifest import write_prune_manifest
 from pipeline.sweep.location import adopt_default_store, store_root
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import read_tune_manifest
+from pipeline.sweep.orphans import reap_dead_sessions
 from pipeline.sweep.session import prepare_driver_env
 from stages._cli import EXIT_TRACKING_BUFFERED, main_for, make_parser, say_buffered
 
@@ -45,6 +46,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     if not args.dry_run:  # one prune at a time per project; refused before Ray starts
         hold_stage_lock(root / "results/.prune.lock", "prune")
     prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
+    reap_dead_sessions()  # the local Rays of drivers that died (SIGKILL) end here: no orphaned agents
     from pipeline.prune.plan import check_fresh, format_plans, local_sources, plan_pruning, select_sources
     from pipeline.sweep.storage import driver_dir, storage_dir
     from pipeline.sweep.tracking.store import check_runs_exist

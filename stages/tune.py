@@ -40,6 +40,7 @@ from pipeline.io import write_json_atomic
 from pipeline.sweep.location import store_root
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import ERROR, write_tune_manifest
+from pipeline.sweep.orphans import reap_dead_sessions
 from pipeline.sweep.session import prepare_driver_env, send_token_if_available
 from stages._cli import EXIT_TRACKING_BUFFERED, main_for, make_parser, say_buffered
 
@@ -57,6 +58,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     if args.submit is not None:
         return submitted(args, params)
     prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
+    reap_dead_sessions()  # the local Rays of drivers that died (SIGKILL) end here: no orphaned agents
     # These import Ray and MLflow: after params are valid, so --help and bad params stay fast.
     from pipeline.sweep.dry_run import dry_run_text
     from pipeline.sweep.preflight import preflight

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pipeline.config import SweepConfig
+from pipeline.sweep.orphans import mark_session
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,7 @@ def ray_session(sweep: SweepConfig) -> Iterator[str]:
         context = ray.init(
             address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1"
         )
+        mark_session(context.address_info["session_dir"])  # a SIGKILLed driver's Ray is ended by the next run
         if dashboard:
             log.info("ray: dashboard at http://%s (while the stage runs; token auth applies)", context.dashboard_url)
         if (node_ip := ray.util.get_node_ip_address()) != "127.0.0.1":
