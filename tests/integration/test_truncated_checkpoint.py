@@ -5,7 +5,6 @@ killed copy) resumes from the older checkpoint Tune kept beside it, and says so 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
