@@ -150,7 +150,7 @@ def last_failure(trial: Any) -> str:
     (occurred at ...)`` and the error: a trainable's traceback ends with its exception, a lost worker's message starts
     with what happened); "" when the file cannot be read."""
     try:
-        text = Path(trial.error_file).read_text()
+        text = Path(getattr(trial, "error_file", None)).read_text()
     except (OSError, TypeError):
         return ""
     lines = [line.strip() for line in text.rsplit("Failure # ", 1)[-1].splitlines()[1:] if line.strip()]
@@ -417,7 +417,7 @@ class MlflowTrialCallback(Callback):
 
     def _count_failure(self, trial: Any, final: bool) -> None:
         variant, seed = trial.config.get("variant"), trial.config.get("seed")
-        blank = {"trial": f"{variant} seed {seed}", "config": [variant, seed], "failures": [], "final": False}
+        blank = {"trial": f"{variant} seed {seed}", "config": dict(trial.config), "failures": [], "final": False}
         known = self.failed_attempts.setdefault(trial.trial_id, blank)
         known["failures"].append(last_failure(trial))
         known["final"] = final
@@ -425,8 +425,7 @@ class MlflowTrialCallback(Callback):
     def failed_for_good(self, config: dict[str, Any]) -> bool:
         """Whether Tune ended the trial of ``config`` as failed, its retries spent: also a trial whose every attempt
         died before its first report, whose error Tune's results do not show (no error file in its storage folder)."""
-        key = [config.get("variant"), config.get("seed")]
-        return any(known["final"] and known["config"] == key for known in self.failed_attempts.values())
+        return any(known["final"] and known["config"] == config for known in self.failed_attempts.values())
 
     def failure_summary(self) -> list[str]:
         """One line per trial that lost attempts in this run: how many, whether it was retried, the last reason."""

@@ -328,3 +328,39 @@ def test_an_outage_during_a_background_trial_end_goes_to_the_buffer_and_is_repla
     run = mlflow.get_run(run_id)
     assert run.info.status == "FINISHED" and "model_uri" in run.data.tags
     assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
+
+
+LOST_WORKER = """Failure # 1 (occurred at 2026-11-25_10-40-08)
+The actor died unexpectedly before finishing this task.
+\tclass_name: ImplicitFunc
+"""
+RAISED = """Failure # 2 (occurred at 2026-11-25_10-40-18)
+ray::ImplicitFunc.train() (pid=1, ip=127.0.0.1, actor_id=a, repr=train_trial)
+  File "trainable.py", line 9, in train_trial
+pipeline.trial.trainable.InjectedFailure: failing once after epoch 1
+"""
+
+
+def test_lost_attempts_are_summed_up_per_trial_with_the_last_reason(client, tmp_path: Path) -> None:
+    """One line per trial that lost attempts, from the error file Tune appends each failure to; a trial whose every
+    attempt died before it started has no run, and is still known to have failed for good."""
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    callback = MlflowTrialCallback(sweep, _describe, {}, epochs=2)
+    retried, dead = _Trial("t-retried"), _Trial("t-dead")
+    retried.config, dead.config = {"variant": "v", "seed": 1}, {"variant": "v", "seed": 2}
+    for trial in (retried, dead):
+        trial.error_file = tmp_path / f"{trial.trial_id}.txt"
+    callback.on_trial_start(iteration=0, trials=[retried], trial=retried)
+    retried.error_file.write_text(LOST_WORKER)
+    callback.on_trial_recover(iteration=1, trials=[retried], trial=retried)
+    dead.error_file.write_text(LOST_WORKER)
+    callback.on_trial_recover(iteration=1, trials=[dead], trial=dead)
+    dead.error_file.write_text(LOST_WORKER + RAISED)
+    callback.on_trial_error(iteration=2, trials=[dead], trial=dead)  # never started: no run to end
+    assert callback.failure_summary() == [
+        "v seed 1: 1 failed attempt, retried (last: The actor died unexpectedly before finishing this task.)",
+        "v seed 2: 2 failed attempts, no retry left (last: pipeline.trial.trainable.InjectedFailure: failing once "
+        "after epoch 1)",
+    ]
+    assert callback.failed_for_good({"variant": "v", "seed": 2}) and not callback.failed_for_good(retried.config)
