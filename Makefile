@@ -9,7 +9,7 @@ LOCK := requirements.lock
 LOCK_VENV := .lock-venv
 PORT ?= 5000
 # The reference metrics committed in git (dvc.yaml's metrics files): what `dvc metrics diff` / `dvc exp show` compare a
-# run against. dvc.lock and the manifests are not committed (tests/unit/test_baseline.py says why).
+# run against. dvc.lock and the manifests are not committed (README, 'The committed baseline', says why).
 BASELINE := results/tune/metrics.json results/prune/metrics.json results/analysis/metrics.json
 
 .PHONY: install lock repro baseline test test-fast lint format describe ui
@@ -42,7 +42,7 @@ repro: $(STAMP)  ## run the whole pipeline on the embedded default (dvc repro)
 baseline: repro  ## refresh the committed reference metrics from this run (on a fresh clone), then `git commit` them
 	git add $(BASELINE)
 	@git diff --cached --stat -- $(BASELINE)
-	@echo "staged the reference metrics: commit them (git commit -m 'baseline: <what this run is>')"
+	@echo "staged the reference metrics: commit them (git commit -m 'baseline: <what changed>')"
 
 test: $(STAMP)  ## the full test suite, integration tests included
 	$(BIN)/pytest
