@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import load_params
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
+DVC_STAGES = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())["stages"]
 # The prepared digits as MLflow names them (dataset and image size of the project's params, which tiny_params keeps).
 DATASET_NAME = f"digits-{load_params(Path(__file__).resolve().parents[2] / 'params.yaml').data.image_size}px"
 
@@ -228,6 +230,28 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
     assert child.data.tags[MODEL_URI_TAG].removeprefix("models:/") in dom["child"]  # its logged model
     assert "it-sweep.resnet18" in dom["registered_model"] and "Version" in dom["registered_model"]
     assert "@&nbsp;best<" in dom["registered_model"]  # the alias on the best version
+
+
+def test_a_run_compares_against_the_committed_baseline(swept: dict, project: Project) -> None:
+    """The project commits the default's reference metrics (dvc.yaml's metrics files, no dvc.lock), and the test
+    project's commit carries them: with those git-tracked ``cache: false`` outputs DVC runs every stage, a run
+    changes no other tracked file, and ``dvc metrics diff`` / ``dvc exp show`` compare it against the reference."""
+    project.dvc("repro")  # brings the project up to date whatever ran before (nothing retrains)
+    assert yaml.safe_load((project.path / "dvc.lock").read_text())["stages"].keys() == DVC_STAGES.keys()  # all ran
+    metrics_files = {path for stage in DVC_STAGES.values() for entry in stage.get("metrics", []) for path in entry}
+    committed = set(project.run("git", "ls-files", "--", *metrics_files, "dvc.lock").stdout.split())
+    assert committed == metrics_files
+    changed = project.run("git", "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
+    assert {line[3:] for line in changed} <= metrics_files and " M results/tune/metrics.json" in changed, changed
+
+    diff = json.loads(project.dvc("metrics", "diff", "--json").stdout)  # HEAD (the reference) vs the workspace
+    for variant in ("sa_quadratic_9", "resnet18"):
+        entry = diff["results/tune/metrics.json"][f"{variant}.test_acc"]
+        assert isinstance(entry["old"], float) and isinstance(entry["new"], float), entry
+        assert entry["new"] == json.loads((project.path / "results/tune/metrics.json").read_text())[variant]["test_acc"]
+    shown = list(csv.DictReader(io.StringIO(project.dvc("exp", "show", "--csv").stdout)))
+    baseline = next(row for row in shown if row["typ"] == "baseline" and row["rev"] != "workspace")  # HEAD
+    assert float(baseline["resnet18.test_acc"]) == diff["results/tune/metrics.json"]["resnet18.test_acc"]["old"]
 
 
 def test_dvc_exp_run_names_its_mlflow_runs(swept: dict, project: Project, project_params: dict) -> None:
