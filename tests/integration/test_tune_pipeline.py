@@ -176,9 +176,10 @@ def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
 
 
 def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path) -> None:
-    """The runs table, the page `make ui` prints (the trials in model-training mode, best test_acc first), the parent's
-    run page (summary metrics, description), a child's run page (its dataset and model) and the registered model's
-    page, rendered by the real MLflow UI in headless Chromium; the screenshots stay in tmp_path."""
+    """The runs table, the page `make ui` prints (the trials in model-training mode, best test_acc first, with the
+    test_acc column), the parent's run page (summary metrics, description), a child's run page (its dataset and
+    model) and the registered model's page, rendered by the real MLflow UI in headless Chromium; the screenshots
+    stay in tmp_path."""
     if not CHROMIUM.exists():
         pytest.skip("headless Chromium not installed (/usr/bin/chromium; apt-get install chromium)")
     manifest = swept["manifest"]
@@ -224,6 +225,8 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
     shown = [dom["sweep"].find(f">{run.info.run_name}<") for run in trials]
     assert -1 not in shown and shown == sorted(shown), shown  # the trials, best test_acc first
     assert f">{parent.info.run_name}<" not in dom["sweep"] and "Sort: test_acc" in dom["sweep"]
+    assert 'data-testid="sort-header-test_acc"' in dom["sweep"]  # the column, from the shared view stages.ui wrote
+    assert 'data-testid="sort-header-test_acc"' not in dom["runs"]  # which the plain runs page does not show
     assert "Agent versions" not in dom["sweep"] and "Evaluation runs" not in dom["sweep"]  # not the GenAI mode
     assert "test_acc.resnet18" in dom["parent"] and "Sweep of 2 variants x 1 seed" in dom["parent"]
     assert child.info.run_name in dom["child"] and DATASET_NAME in dom["child"]  # the dataset it trained on
