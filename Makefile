@@ -8,8 +8,11 @@ STAMP := $(VENV)/.installed
 LOCK := requirements.lock
 LOCK_VENV := .lock-venv
 PORT ?= 5000
+# The reference metrics committed in git (dvc.yaml's metrics files): what `dvc metrics diff` / `dvc exp show` compare a
+# run against. dvc.lock and the manifests are not committed (README, 'The committed baseline', says why).
+BASELINE := results/tune/metrics.json results/prune/metrics.json results/analysis/metrics.json
 
-.PHONY: install lock repro test test-fast lint format describe ui
+.PHONY: install lock repro baseline test test-fast lint format describe ui
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +38,11 @@ lock:  ## re-resolve pyproject.toml's dependencies (dev extra included) into req
 
 repro: $(STAMP)  ## run the whole pipeline on the embedded default (dvc repro)
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
+
+baseline: repro  ## refresh the committed reference metrics from this run (on a fresh clone), then `git commit` them
+	git add $(BASELINE)
+	@git diff --cached --stat -- $(BASELINE)
+	@echo "staged the reference metrics: commit them (git commit -m 'baseline: <what changed>')"
 
 test: $(STAMP)  ## the full test suite, integration tests included
 	$(BIN)/pytest

@@ -1,8 +1,11 @@
-"""Print the MLflow UI address of the last sweep: its trials' runs, in the model-training view, best test_acc first.
+"""Print the MLflow UI address of the last sweep: its trials' runs, in the model-training view, best test_acc first,
+with the test_acc column.
 
 Reads results/tune/manifest.json (the experiment and the trials' runs); without one (no sweep yet), the experiments
-list. A sweep tracked on an MLflow server (tracking.uri: http://...) gets that server's address. `make ui PORT=5001`
-prints this address and serves the project's store on that port.
+list. The columns travel as the UI's shared view, an experiment tag written here into the sweep's store; a store it
+cannot write (no sqlite file here, a server that does not answer) gets the address without the column. A sweep
+tracked on an MLflow server (tracking.uri: http://...) gets that server's address. `make ui PORT=5001` prints this
+address and serves the project's store on that port.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import json
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.sweep.tracking.ui import experiments_url, runs_url
+from pipeline.sweep.tracking.store import mlflow_client, server_answers
+from pipeline.sweep.tracking.system_metrics import reachable_here
+from pipeline.sweep.tracking.ui import experiments_url, runs_url, save_shared_view, shared_view_url
 from stages._cli import main_for, make_parser
 
 MANIFEST = Path("results/tune/manifest.json")
@@ -29,6 +34,14 @@ def ui(args: argparse.Namespace, params: Params) -> int:
         base = server
     run_ids = [trial["run_id"] for trial in manifest.get("trials", []) if trial.get("run_id")]
     url = runs_url(base, manifest["experiment_id"], run_ids, manifest.get("parent_run_id"))
+    if server and reachable_here(server) and server_answers(server):
+        try:
+            key = save_shared_view(
+                mlflow_client(server), manifest["experiment_id"], run_ids, manifest.get("parent_run_id")
+            )
+            url = shared_view_url(base, manifest["experiment_id"], key)
+        except Exception as err:  # noqa: BLE001 - the address without the column still opens the sweep
+            print(f"(the test_acc column not preset: {err})")
     print(f"MLflow UI, the sweep's {len(run_ids)} trial runs: {url}")
     return 0
 

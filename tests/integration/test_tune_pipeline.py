@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import load_params
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
+DVC_STAGES = yaml.safe_load((Path(__file__).resolve().parents[2] / "dvc.yaml").read_text())["stages"]
 # The prepared digits as MLflow names them (dataset and image size of the project's params, which tiny_params keeps).
 DATASET_NAME = f"digits-{load_params(Path(__file__).resolve().parents[2] / 'params.yaml').data.image_size}px"
 
@@ -174,9 +176,10 @@ def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
 
 
 def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path) -> None:
-    """The runs table, the page `make ui` prints (the trials in model-training mode, best test_acc first), the parent's
-    run page (summary metrics, description), a child's run page (its dataset and model) and the registered model's
-    page, rendered by the real MLflow UI in headless Chromium; the screenshots stay in tmp_path."""
+    """The runs table, the page `make ui` prints (the trials in model-training mode, best test_acc first, with the
+    test_acc column), the parent's run page (summary metrics, description), a child's run page (its dataset and
+    model) and the registered model's page, rendered by the real MLflow UI in headless Chromium; the screenshots
+    stay in tmp_path."""
     if not CHROMIUM.exists():
         pytest.skip("headless Chromium not installed (/usr/bin/chromium; apt-get install chromium)")
     manifest = swept["manifest"]
@@ -222,12 +225,36 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
     shown = [dom["sweep"].find(f">{run.info.run_name}<") for run in trials]
     assert -1 not in shown and shown == sorted(shown), shown  # the trials, best test_acc first
     assert f">{parent.info.run_name}<" not in dom["sweep"] and "Sort: test_acc" in dom["sweep"]
+    assert 'data-testid="sort-header-test_acc"' in dom["sweep"]  # the column, from the shared view stages.ui wrote
+    assert 'data-testid="sort-header-test_acc"' not in dom["runs"]  # which the plain runs page does not show
     assert "Agent versions" not in dom["sweep"] and "Evaluation runs" not in dom["sweep"]  # not the GenAI mode
     assert "test_acc.resnet18" in dom["parent"] and "Sweep of 2 variants x 1 seed" in dom["parent"]
     assert child.info.run_name in dom["child"] and DATASET_NAME in dom["child"]  # the dataset it trained on
     assert child.data.tags[MODEL_URI_TAG].removeprefix("models:/") in dom["child"]  # its logged model
     assert "it-sweep.resnet18" in dom["registered_model"] and "Version" in dom["registered_model"]
     assert "@&nbsp;best<" in dom["registered_model"]  # the alias on the best version
+
+
+def test_a_run_compares_against_the_committed_baseline(swept: dict, project: Project) -> None:
+    """The project commits the default's reference metrics (dvc.yaml's metrics files, no dvc.lock), and the test
+    project's commit carries them: with those git-tracked ``cache: false`` outputs DVC runs every stage, a run
+    changes no other tracked file, and ``dvc metrics diff`` / ``dvc exp show`` compare it against the reference."""
+    project.dvc("repro")  # brings the project up to date whatever ran before (nothing retrains)
+    assert yaml.safe_load((project.path / "dvc.lock").read_text())["stages"].keys() == DVC_STAGES.keys()  # all ran
+    metrics_files = {path for stage in DVC_STAGES.values() for entry in stage.get("metrics", []) for path in entry}
+    committed = set(project.run("git", "ls-files", "--", *metrics_files, "dvc.lock").stdout.split())
+    assert committed == metrics_files
+    changed = project.run("git", "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
+    assert {line[3:] for line in changed} <= metrics_files and " M results/tune/metrics.json" in changed, changed
+
+    diff = json.loads(project.dvc("metrics", "diff", "--json").stdout)  # HEAD (the reference) vs the workspace
+    for variant in ("sa_quadratic_9", "resnet18"):
+        entry = diff["results/tune/metrics.json"][f"{variant}.test_acc"]
+        assert isinstance(entry["old"], float) and isinstance(entry["new"], float), entry
+        assert entry["new"] == json.loads((project.path / "results/tune/metrics.json").read_text())[variant]["test_acc"]
+    shown = list(csv.DictReader(io.StringIO(project.dvc("exp", "show", "--csv").stdout)))
+    baseline = next(row for row in shown if row["typ"] == "baseline" and row["rev"] != "workspace")  # HEAD
+    assert float(baseline["resnet18.test_acc"]) == diff["results/tune/metrics.json"]["resnet18.test_acc"]["old"]
 
 
 def test_dvc_exp_run_names_its_mlflow_runs(swept: dict, project: Project, project_params: dict) -> None:

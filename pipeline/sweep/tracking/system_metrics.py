@@ -7,9 +7,10 @@ opened for this trial (found by its ``ray.trial_id`` tag; the callback creates i
 logs ``system/cpu_utilization_percentage``, ``system/system_memory_usage_megabytes``, ``system/gpu_*`` ... every
 ``SAMPLES_PER_LOG`` samples; the run gets its hardware as tags (``host.*``, ``torch.*``). The trial code is
 unchanged (a trial's identity hashes it); nothing here touches a result. Best effort: a store the worker cannot
-reach, or a run not found in time, costs a warning, never the trial. The worker writes to the store directly, so
-``tracking.uri`` (an http server, or the local sqlite store on a single machine) must be reachable from the nodes,
-as for the checkpoints.
+reach, or a run not found in time, costs a warning, never the trial, and the trial's end waits at most ``STOP_S``
+for these writes (they are not in the driver's outage buffer: a server that is down loses them). The worker writes
+to the store directly, so ``tracking.uri`` (an http server, or the local sqlite store on a single machine) must be
+reachable from the nodes, as for the checkpoints.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ SAMPLING_S = 10.0  # MLflow's default interval; MLFLOW_SYSTEM_METRICS_SAMPLING_I
 SAMPLES_PER_LOG = 3  # averaged into one write every 30 s (MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING overrides)
 FIND_RUN_S = 120.0  # how long the worker looks for its run before giving up
 POLL_S = 2.0
+STOP_S = 10.0  # the most a trial's end waits for its last system metrics to be written (a store down or stalled)
 
 
 @dataclass(frozen=True)
@@ -126,18 +128,36 @@ class TrialSystemMetrics:
             log.warning("system metrics of trial %s not logged: %s", self.trial_id, err)
 
     def stop(self) -> None:
+        """End the sampling and log the last window, waiting at most ``STOP_S``: the rest goes on in the background,
+        so an MLflow server that is down or stalled (the client's retries take minutes) never holds the trial's end.
+        """
         self._stop.set()
-        self._thread.join(timeout=POLL_S + 5)
-        if self._monitor is not None:
-            try:
-                self._monitor.finish()
-                # MLflow's loop drops the samples of an unfinished logging window: log them, so a trial shorter
-                # than one window still has its point (averaged over what was sampled).
-                if leftover := self._monitor.aggregate_metrics():
-                    self._monitor.publish_metrics(leftover)
-                    self._monitor.mlflow_logger.flush()
-            except Exception as err:  # noqa: BLE001
-                log.warning("system metrics of trial %s: %s", self.trial_id, err)
+        finishing = threading.Thread(target=self._finish, name="trial-system-metrics-stop", daemon=True)
+        finishing.start()
+        finishing.join(timeout=STOP_S)
+        if finishing.is_alive():
+            log.warning(
+                "system metrics of trial %s: the store at %s did not take them within %g s; left to finish in the "
+                "background",
+                self.trial_id,
+                self.target.tracking_uri,
+                STOP_S,
+            )
+
+    def _finish(self) -> None:
+        if self._thread.ident is not None:  # started: finding the run, starting the monitor; sees the stop next step
+            self._thread.join()
+        if self._monitor is None:
+            return
+        try:
+            self._monitor.finish()
+            # MLflow's loop drops the samples of an unfinished logging window: log them, so a trial shorter than
+            # one window still has its point (averaged over what was sampled).
+            if leftover := self._monitor.aggregate_metrics():
+                self._monitor.publish_metrics(leftover)
+                self._monitor.mlflow_logger.flush()
+        except Exception as err:  # noqa: BLE001
+            log.warning("system metrics of trial %s: %s", self.trial_id, err)
 
 
 def reachable_here(uri: str) -> bool:

@@ -3,15 +3,30 @@
 MLflow 3.17's UI reads the runs table's state from the URL's query (``searchFilter``, ``orderByKey``, ``orderByAsc``)
 and which of its two modes to show from ``workflowType`` (``machine_learning``; ``genai`` opens traces and
 evaluations). The filter names the sweep's runs by id: a sweep that reused finished runs lists runs whose parent is an
-earlier sweep, which a filter on the parent would miss. Sorting puts the ``test_acc`` column in the table.
+earlier sweep, which a filter on the parent would miss.
+
+Which columns show is not in those parameters (the UI keeps it in the browser), but a *shared view* carries it: the
+UI's own Share button stores the filter, the sort and the columns as the experiment tag
+``mlflow.sharedViewState.<key>`` and opens it from ``?viewStateShareKey=<key>`` (checked in MLflow 3.17.2's UI code
+and in headless Chromium). ``save_shared_view`` writes that tag for the sweep, so its address opens with the
+``test_acc`` column in the table.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlencode
 
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
 SORT_METRIC = "test_acc"
+SORT_KEY = f"metrics.`{SORT_METRIC}`"
 MAX_FILTERED_RUNS = 100  # beyond this many ids the URL gets unwieldy: filter on the sweep's parent instead
+SHARED_VIEW_TAG = "mlflow.sharedViewState."  # + the key: the experiment tag the UI's Share button writes
+DEFAULT_COLUMNS = ("attributes.`Source`", "attributes.`Models`", "attributes.`Dataset`")  # the UI's own defaults
 
 
 def runs_filter(run_ids: list[str], parent_run_id: str | None = None) -> str:
@@ -27,7 +42,7 @@ def runs_url(base: str, experiment_id: str, run_ids: list[str], parent_run_id: s
     """The UI page of the experiment's runs table, filtered to ``run_ids`` and sorted by ``test_acc``, best first."""
     query = {
         "searchFilter": runs_filter(run_ids, parent_run_id),
-        "orderByKey": f"metrics.`{SORT_METRIC}`",
+        "orderByKey": SORT_KEY,
         "orderByAsc": "false",
         "workflowType": "machine_learning",
     }
@@ -37,3 +52,25 @@ def runs_url(base: str, experiment_id: str, run_ids: list[str], parent_run_id: s
 def experiments_url(base: str) -> str:
     """The experiments list in the model-training view (no sweep yet)."""
     return f"{base.rstrip('/')}/#/experiments?workflowType=machine_learning"
+
+
+def save_shared_view(client: MlflowClient, experiment_id: str, run_ids: list[str], parent_run_id: str | None) -> str:
+    """Store the sweep's view (its trials, best ``test_acc`` first, with the ``test_acc`` column) as the UI's shared
+    view of the experiment; its key. The key is the view's hash: the same sweep writes the same tag again."""
+    state = {
+        "searchFilter": runs_filter(run_ids, parent_run_id),
+        "orderByKey": SORT_KEY,
+        "orderByAsc": False,
+        "selectedColumns": [*DEFAULT_COLUMNS, SORT_KEY],
+    }
+    value = json.dumps(state, sort_keys=True)
+    key = "sweep-" + hashlib.sha256(value.encode()).hexdigest()[:12]
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + key, value)
+    return key
+
+
+def shared_view_url(base: str, experiment_id: str, key: str) -> str:
+    """The UI page that opens the shared view ``key`` in model-training mode (the view holds filter and sort: the
+    UI ignores a shared view when the URL has its own)."""
+    query = {"viewStateShareKey": key, "workflowType": "machine_learning"}
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{urlencode(query, quote_via=quote)}"

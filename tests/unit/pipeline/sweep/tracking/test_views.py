@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -76,7 +77,27 @@ def test_make_ui_prints_the_url_of_the_manifests_sweep(tmp_path: Path, capsys) -
 def test_a_sweep_on_a_tracking_server_gets_that_servers_url(tmp_path: Path, capsys) -> None:
     manifest = tmp_path / "manifest.json"
     manifest.write_text(
-        '{"tracking_uri": "http://mlflow-host:5000", "experiment_id": "4", "trials": [{"run_id": "a"}]}'
+        '{"tracking_uri": "http://127.0.0.1:9", "experiment_id": "4", "trials": [{"run_id": "a"}]}'  # not answering
     )
     assert ui.main(["--params", str(PARAMS), "--manifest", str(manifest)]) == 0
-    assert "runs: http://mlflow-host:5000/#/experiments/4/runs?" in capsys.readouterr().out
+    assert "runs: http://127.0.0.1:9/#/experiments/4/runs?searchFilter=" in capsys.readouterr().out
+
+
+def test_make_ui_presets_the_test_acc_column_as_the_uis_shared_view(tmp_path: Path, capsys) -> None:
+    """The UI keeps its columns in the browser, except for a shared view (an experiment tag it reads from
+    ``viewStateShareKey``): the printed address opens one with the sweep's filter, sort and the test_acc column."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = ensure_experiment(client, "shared", (tmp_path / "artifacts").as_uri())
+    manifest = tmp_path / "manifest.json"
+    trials = [{"run_id": "r1"}, {"run_id": "r2"}]
+    manifest.write_text(json.dumps({"tracking_uri": uri, "experiment_id": experiment, "trials": trials}))
+    assert ui.main(["--params", str(PARAMS), "--port", "5123", "--manifest", str(manifest)]) == 0
+    url = capsys.readouterr().out.split("trial runs: ", 1)[1].strip()
+    path, _, query = urlsplit(url).fragment.partition("?")
+    state = {key: values[0] for key, values in parse_qs(query).items()}
+    assert path == f"/experiments/{experiment}/runs" and state.keys() == {"viewStateShareKey", "workflowType"}
+    view = json.loads(client.get_experiment(experiment).tags[f"mlflow.sharedViewState.{state['viewStateShareKey']}"])
+    assert view["searchFilter"] == "attributes.run_id IN ('r1', 'r2')"
+    assert view["orderByKey"] == "metrics.`test_acc`" and view["orderByAsc"] is False
+    assert "metrics.`test_acc`" in view["selectedColumns"]
