@@ -27,6 +27,8 @@ BENCHMARKS = (
     "finding",
     "sweep_scale",
     "trial_end",
+    "compile_cost",
+    "trial_fixed_cost",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -38,6 +40,8 @@ FIRST_WORK = {
     "finding": "prepare_dataset",
     "sweep_scale": "fill_store",
     "trial_end": "paper_checkpoint",
+    "compile_cost": "run_side",
+    "trial_fixed_cost": "trial_rows",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -238,6 +242,12 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("sweep_overhead", ["--epochs", "0"], "--epochs"),
         ("gpu_sharing", ["--counts", "1,0"], "--counts"),
         ("trial_end", ["--trials", "0"], "--trials"),
+        ("compile_cost", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
+        ("compile_cost", ["--params", PARAMS, "--variants", "resnet18", "nonsense"], "--variants: unknown ['nons"),
+        ("compile_cost", ["--epochs", "0"], "--epochs"),
+        ("compile_cost", ["--pairs", "0"], "--pairs"),
+        ("trial_fixed_cost", [], "--tracking-uri sqlite:///"),
+        ("trial_fixed_cost", ["--tracking-uri", "sqlite:///{file}.db"], "no such sqlite store"),
         ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("finding", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nonsense"),
@@ -290,3 +300,46 @@ def test_sweep_scale_plans_in_one_store_request(capsys: pytest.CaptureFixture[st
     assert "plan (sqlite): 1 store request(s) (search_runs 1) for 12 trials" in out, out
     assert "6 reuse, 0 resume, 6 train" in out
     assert "former per-key plan (sqlite): 12 store request(s)" in out
+
+
+def test_compile_cost_child_runs_one_whole_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The child side of benchmarks/compile_cost.py (an eager trial: compiling takes a minute on this CPU) trains the
+    params' whole trial and prints its figures as one JSON line; the compiled side is the same code with
+    ``train.compile`` on (its equality with eager: test_loop.py)."""
+    import json
+
+    from benchmarks import compile_cost
+
+    params = yaml.safe_load(Path(PARAMS).read_text())
+    params["model"].update(layers=1, hidden=8, ffn=8)
+    params["data"].update(prepared_dir=str(tmp_path / "prepared"))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    argv = ["--params", str(tmp_path / "params.yaml"), "--epochs", "1", "--one", "sa_quadratic_9", "eager"]
+    assert compile_cost.main(argv) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["epochs"] == 1 and figures["compile_s"] == 0
+    assert 0 < figures["epochs_s"] < figures["trial_wall_s"] and 0 <= figures["test_acc"] <= 1
+
+
+def test_trial_fixed_cost_splits_a_run_into_start_up_epochs_and_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """benchmarks/trial_fixed_cost.py on a real sqlite store holding one trial run with a known timeline: started at
+    1000 s, 5 s of start-up, 3 epochs of 2 s training and 0.5 s between-report overhead, ended 3 s after its last
+    report."""
+    from mlflow.tracking import MlflowClient
+
+    from benchmarks import trial_fixed_cost
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("sweep"), start_time=1_000_000, run_name="sa seed 0")
+    reported = 1000 + 5
+    for epoch in (1, 2, 3):
+        reported += 2 + 0.5
+        client.log_metric(run.info.run_id, "epoch_time_s", 2.0, timestamp=int(reported * 1000), step=epoch)
+    client.set_terminated(run.info.run_id, end_time=int((reported + 3) * 1000))
+    client.create_run(client.get_experiment_by_name("sweep").experiment_id, run_name="a parent, no epochs")
+    assert trial_fixed_cost.main(["--tracking-uri", uri]) == 0
+    rows = _table(capsys.readouterr().out, "run")
+    assert rows == [["sa", "seed", "0", "FINISHED", "3", "15.5", "6.0", "9.5", "5.0", "0.50", "3.0"]]
