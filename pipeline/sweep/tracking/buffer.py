@@ -65,7 +65,8 @@ class TrackingBuffer:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = self._client_factory() if self._client_factory else mlflow_client(self.uri)
+            factory = self._client_factory or (lambda: mlflow_client(self.uri, short_budget=True))
+            self._client = factory()
         return self._client
 
     @property

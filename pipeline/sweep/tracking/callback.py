@@ -209,7 +209,7 @@ class MlflowTrialCallback(Callback):
     @property
     def client(self) -> CountingClient:
         if self._client is None:
-            self._client = CountingClient(mlflow_client(self.parent.tracking_uri))
+            self._client = CountingClient(mlflow_client(self.parent.tracking_uri, short_budget=True))
         return self._client
 
     @property
