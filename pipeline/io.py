@@ -21,6 +21,7 @@ import os
 import sqlite3
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -39,16 +40,21 @@ LASTING_OS_ERRORS: dict[int, str] = {
 }
 
 
-def lasting_os_error(err: BaseException | None) -> OSError | None:
-    """The ``OSError`` in ``err``'s chain (causes, contexts, and Ray's ``RayTaskError.cause``) whose errno is one of
-    ``LASTING_OS_ERRORS``; None when there is none (a passing fault, or not a disk's)."""
+def error_chain(err: BaseException | None) -> Iterator[BaseException]:
+    """``err`` and what it was raised from or while handling (``__cause__``, ``__context__``, Ray's
+    ``RayTaskError.cause``), in that order, each once."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, OSError) and err.errno in LASTING_OS_ERRORS:
-            return err
+        yield err
         seen.add(id(err))
         err = getattr(err, "cause", None) or err.__cause__ or err.__context__
-    return None
+
+
+def lasting_os_error(err: BaseException | None) -> OSError | None:
+    """The ``OSError`` in ``err``'s chain whose errno is one of ``LASTING_OS_ERRORS``; None when there is none (a
+    passing fault, or not a disk's)."""
+    found = (e for e in error_chain(err) if isinstance(e, OSError) and e.errno in LASTING_OS_ERRORS)
+    return next(found, None)
 
 
 class StorageFaultError(OSError):

@@ -31,7 +31,7 @@ from ray import tune
 
 from pipeline.config import Params
 from pipeline.data.prepared import PreparedData
-from pipeline.io import StorageFaultError
+from pipeline.io import StorageFaultError, error_chain
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED, TrialRecord
 from pipeline.sweep.reuse import REUSE, TrialDecision, read_decisions, write_decisions
 from pipeline.sweep.session import ray_session
@@ -217,14 +217,7 @@ def fit_tracked(
 def storage_fault(err: BaseException) -> StorageFaultError | None:
     """The ``StorageFaultError`` that ``err`` is or was raised while handling (Tune re-raises a callback's error as a
     ``TuneError`` inside its ``except``), None when there is none."""
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, StorageFaultError):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None
+    return next((e for e in error_chain(err) if isinstance(e, StorageFaultError)), None)
 
 
 def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> list[TrialRecord]:

@@ -27,6 +27,7 @@ BENCHMARKS = (
     "finding",
     "sweep_scale",
     "trial_end",
+    "tracking_load",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -38,6 +39,7 @@ FIRST_WORK = {
     "finding": "prepare_dataset",
     "sweep_scale": "fill_store",
     "trial_end": "paper_checkpoint",
+    "tracking_load": "MlflowServer",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -238,6 +240,8 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("sweep_overhead", ["--epochs", "0"], "--epochs"),
         ("gpu_sharing", ["--counts", "1,0"], "--counts"),
         ("trial_end", ["--trials", "0"], "--trials"),
+        ("tracking_load", ["--concurrent", "0"], "--concurrent"),
+        ("tracking_load", ["--epoch-s", "-1"], "--epoch-s"),
         ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("finding", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nonsense"),

@@ -38,6 +38,7 @@ from mlflow.utils.proto_json_utils import parse_dict
 from mlflow.utils.rest_utils import http_request, verify_rest_response
 
 from pipeline.config import TrackingConfig
+from pipeline.io import error_chain
 from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root, default_store_uri
 from pipeline.sweep.tracking.tags import KEY_TAG, PARENT_TAG, TRIAL_ID_TAG
 
@@ -232,14 +233,7 @@ def child_runs(uri: str, experiment_id: str, parent_run_id: str) -> dict[str, Ru
 def is_outage(err: BaseException) -> bool:
     """Whether ``err`` says the server could not be reached, as opposed to a request it refused. MLflow wraps the
     ``requests`` error in an ``MlflowException`` raised inside its ``except`` block: the cause is the context."""
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, OUTAGE_ERRORS):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return False
+    return any(isinstance(cause, OUTAGE_ERRORS) for cause in error_chain(err))
 
 
 def server_answers(uri: str) -> bool:
