@@ -148,7 +148,7 @@ def test_an_outage_stalls_no_epoch_and_loses_nothing(
     project: Project, project_params: dict, server: MlflowServer
 ) -> None:
     """MLflow's default retry budget (minutes). Killed once epoch 4 is logged; the trial trains its other epochs and
-    ends while the server is down, epochs reaching the driver at least half as fast as before the outage (the first
+    ends while the server is down, epochs reaching the driver about as fast as before the outage (at least a quarter as fast, for a loaded machine) (the first
     failed write hands over to the buffer in seconds, not after the client's retries); the server comes back before
     the stage gives up: everything buffered is replayed in order, each epoch once, exit 0."""
     epochs = 14
@@ -163,7 +163,9 @@ def test_an_outage_stalls_no_epoch_and_loses_nothing(
         ended = time.monotonic() + 0.1
     before, during = _rate(samples, started, killed), _rate(samples, killed, ended)
     print(f"epochs/s reaching the driver: {before:.2f} before the outage, {during:.2f} during it")
-    assert during >= 0.5 * before, (before, during)
+    # Unloaded here: 1.97 before, 2.52 during; a stalled loop (MLflow's retries) delivers none for minutes. A quarter
+    # leaves room for a machine loaded by other jobs (0.93 vs 0.56 seen) without hiding a stall.
+    assert during >= 0.25 * before, (before, during)
     server.start()
     output, _ = stage.communicate(timeout=240)
     assert stage.returncode == 0, output[-3000:]
