@@ -148,9 +148,9 @@ def test_an_outage_stalls_no_epoch_and_loses_nothing(
     project: Project, project_params: dict, server: MlflowServer
 ) -> None:
     """MLflow's default retry budget (minutes). Killed once epoch 4 is logged; the trial trains its other epochs and
-    ends while the server is down, epochs reaching the driver about as fast as before the outage (at least a quarter as fast, for a loaded machine) (the first
-    failed write hands over to the buffer in seconds, not after the client's retries); the server comes back before
-    the stage gives up: everything buffered is replayed in order, each epoch once, exit 0."""
+    ends while the server is down, epochs reaching the driver about as fast as before the outage (the first failed
+    write hands over to the buffer in seconds, not after the client's retries); the server comes back before the
+    stage gives up: everything buffered is replayed in order, each epoch once, exit 0."""
     epochs = 14
     project.dvc("repro", "prepare")
     path = _sweep(project, project_params, server, seeds=[11], epochs=epochs)
