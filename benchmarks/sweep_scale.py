@@ -17,14 +17,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -35,6 +30,7 @@ from pipeline.config import Params, load_params, parse_params
 from pipeline.sweep.grid import sweep_decisions
 from pipeline.sweep.identity import trial_key
 from pipeline.sweep.reuse import RESUME, REUSE, TRAIN
+from pipeline.sweep.tracking.server import MlflowServer
 from pipeline.sweep.tracking.store import CountingClient, mlflow_client, prepare_store
 from pipeline.sweep.tracking.tags import (
     CHECKPOINT_TAG,
@@ -146,51 +142,6 @@ def say(label: str, trials: int, calls: Counter, wall: float, cpu: float, decide
     )
 
 
-class Server:
-    """A real ``mlflow server`` (--workers 1) on the store, on a free 127.0.0.1 port; stopped by its PID."""
-
-    def __init__(self, database: Path, scratch: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.uri = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-        command = [
-            str(Path(sys.executable).parent / "mlflow"),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{database}",
-        ]
-        command += ["--artifacts-destination", str(scratch / "art"), "--host", "127.0.0.1", "--port", str(port)]
-        self.log = (scratch / "server.log").open("w")
-        self.process = subprocess.Popen(
-            [*command, "--workers", "1"], env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def wait(self, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mlflow server exited ({self.process.returncode}); see {self.log.name}")
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"mlflow server did not answer /health within {timeout_s:.0f} s")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.log.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser("sweep_scale", __doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -217,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             f"filled in {time.perf_counter() - started:.1f} s"
         )
         stores = [("sqlite", uri)]
-        server = Server(database, scratch) if args.server else None
+        server = MlflowServer(scratch, database) if args.server else None
         try:
             if server is not None:
                 progress("starting mlflow server ...")
-                server.wait()
+                server.start(timeout_s=180)
                 stores.append(("mlflow server", server.uri))
             for label, store_uri in stores:
 

@@ -7,16 +7,21 @@
 - ``EXPECTED_FAILURES`` are the exceptions that mean "the input is bad" (a params key, a missing or corrupt file):
   entry points turn them into one line naming the key or file and exit code 2; anything else is a bug and keeps its
   traceback.
+- ``lasting_os_error`` tells a disk fault no retry fixes (full, over quota, read-only, refused) from a passing one:
+  a trial that meets one is not retried (every retry would write to the same disk), and ``StorageFaultError`` ends
+  the stage in one line naming the storage and what to do.
 """
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
 import sqlite3
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -25,13 +30,64 @@ from typing import Any
 # checkpoint, a stale manifest) and FileNotFoundError for one that is missing.
 EXPECTED_FAILURES: tuple[type[Exception], ...] = (FileNotFoundError, ValueError)
 
+# OS errors on a disk that a retry cannot fix, with what the user does about each (a full disk does not empty itself).
+LASTING_OS_ERRORS: dict[int, str] = {
+    errno.ENOSPC: "free space there",
+    errno.EDQUOT: "free space there or raise the quota",
+    errno.EROFS: "make it writable",
+    errno.EACCES: "give this user write access",
+    errno.EPERM: "give this user write access",
+}
+
+
+def error_chain(err: BaseException | None) -> Iterator[BaseException]:
+    """``err`` and what it was raised from or while handling (``__cause__``, ``__context__``, Ray's
+    ``RayTaskError.cause``), in that order, each once."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        yield err
+        seen.add(id(err))
+        err = getattr(err, "cause", None) or err.__cause__ or err.__context__
+
+
+def lasting_os_error(err: BaseException | None) -> OSError | None:
+    """The ``OSError`` in ``err``'s chain whose errno is one of ``LASTING_OS_ERRORS``; None when there is none (a
+    passing fault, or not a disk's)."""
+    found = (e for e in error_chain(err) if isinstance(e, OSError) and e.errno in LASTING_OS_ERRORS)
+    return next(found, None)
+
+
+class StorageFaultError(OSError):
+    """A write to ``where`` (``sweep.storage_path``, or another output of a stage) failed for a reason no retry fixes:
+    one line naming it, ``what`` was being written, and what to do; a re-run after the fix continues the work."""
+
+    def __init__(self, where: str, cause: OSError, key: str | None = "sweep.storage_path", what: str = "") -> None:
+        code = cause.errno or errno.EIO
+        super().__init__(code, os.strerror(code), where)
+        self.key = key
+        self.what = what
+
+    def __str__(self) -> str:
+        named = f"{self.key} {self.filename}" if self.key else str(self.filename)
+        move = f" or set {self.key} to another location" if self.key else ""
+        doing = f" while {self.what}" if self.what else ""
+        return (
+            f"cannot write {named} ({self.strerror}){doing}: {LASTING_OS_ERRORS.get(self.errno, 'fix it')}{move}, "
+            "then re-run: finished work is kept and the run continues from its last checkpoints"
+        )
+
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary sibling and a rename (creating the parent folder)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    try:
+        tmp.write_text(text)
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from err  # a full disk's write names no file: name it
     tmp.replace(path)
 
 

@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Params, load_params
-from pipeline.io import EXPECTED_FAILURES  # a bug that raises ValueError still shows its traceback with -v
+from pipeline.io import (  # a bug that raises ValueError still shows its traceback with -v
+    EXPECTED_FAILURES,
+    LASTING_OS_ERRORS,
+    StorageFaultError,
+)
 
 EXIT_TRACKING_BUFFERED = 75  # sysexits' EX_TEMPFAIL: the work is done, its MLflow writes wait for the server
 
@@ -66,7 +70,13 @@ def run(stage: Callable[[argparse.Namespace, Params], int], args: argparse.Names
         if not args.verbose:
             log.error("(run with -v for the traceback)")
         return 2
+    except StorageFaultError as err:  # the storage full, read-only...: the runs are closed with the reason
+        log.error("%s", err)
+        return 1
     except OSError as err:
+        if err.filename is not None and err.errno in LASTING_OS_ERRORS:  # a full results disk...: what to do
+            log.error("%s", StorageFaultError(err.filename, err, key=None))
+            return 1
         if err.filename is None:  # not a file the stage could not write (a lost connection...): a bug, keep it
             raise
         # An output path that became unwritable during the run (permissions, a full or read-only disk): the runs are

@@ -25,7 +25,10 @@ not an sqlite file (unless tracking.sqlite_on_cluster).
 An http tracking server that stops answering mid-run does not stop the training: MLflow writes are buffered in
 <Ray experiment>/mlflow_buffer.jsonl (results/ray-driver/<experiment>/ with a bucket) and flushed when it answers
 again (this run waits up to a minute for it at the end). Still down at the end: the manifest is written, one line
-says what is buffered where, exit code 75; the next run flushes the buffer before it plans anything.
+says what is buffered where, exit code 75; the next run flushes the buffer before it plans anything. The first write
+to a dead server hands over to that buffer within a second: trials train on at full speed.
+A full (over-quota, read-only) sweep.storage_path is not retried: the sweep stops, its runs are closed KILLED with
+the reason (tune.stop_reason), and one line names the path and what to do, exit 1; a re-run continues the sweep.
 """
 
 from __future__ import annotations

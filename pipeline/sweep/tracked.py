@@ -31,6 +31,7 @@ from ray import tune
 
 from pipeline.config import Params
 from pipeline.data.prepared import PreparedData
+from pipeline.io import StorageFaultError, error_chain
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED, TrialRecord
 from pipeline.sweep.reuse import REUSE, TrialDecision, read_decisions, write_decisions
 from pipeline.sweep.session import ray_session
@@ -207,9 +208,18 @@ def fit_tracked(
             results = build_tuner(params, data, path, callback, restore=restore, trials=trials).fit()
         callback.buffer.wait_flushed(FINAL_WAIT_S)
         return trial_records(results, callback)
-    except BaseException:  # a lost cluster, a second Ctrl-C, an MLflow error: never leave runs RUNNING
-        close_interrupted(callback)
+    except BaseException as err:  # a lost cluster, a second Ctrl-C, a full storage: never leave runs RUNNING
+        fault = storage_fault(err)
+        close_interrupted(callback, str(fault) if fault else None)
+        if fault is not None:  # raised by the callback, wrapped by Tune in a TuneError holding its traceback as text
+            raise fault from None
         raise
+
+
+def storage_fault(err: BaseException) -> StorageFaultError | None:
+    """The ``StorageFaultError`` that ``err`` is or was raised while handling (Tune re-raises a callback's error as a
+    ``TuneError`` inside its ``except``), None when there is none."""
+    return next((e for e in error_chain(err) if isinstance(e, StorageFaultError)), None)
 
 
 def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> list[TrialRecord]:

@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.sweep.tracking.server import MlflowServer  # the tests import it from here too
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SESSION_GPUS = 2  # declared, not present: Ray schedules GPU trials on them (tests/integration/test_gpu_scheduling.py)
@@ -52,65 +46,6 @@ def ray_address() -> Iterator[str]:
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
-
-
-class MlflowServer:
-    """A real ``mlflow server`` on a fixed 127.0.0.1 port and sqlite store under ``home``: a restart after ``kill``
-    is the same server (the outage tests stop and restart it)."""
-
-    def __init__(self, home: Path) -> None:
-        self.home, self.port = home, _free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        """Start it and wait until ``/health`` answers."""
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-        command = [
-            str(VENV_BIN / "mlflow"),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{self.home}/mlflow.db",
-            "--artifacts-destination",
-            str(self.home / "mlartifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            "1",
-        ]
-        with (self.home / "server.log").open("a") as log:
-            self.process = subprocess.Popen(
-                command, cwd=self.home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(self.home / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.3)
-
-    def kill(self) -> None:
-        """Down at once, as a crashed server or a lost network (the server and its worker: our process group)."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=20)
-
-    def stop(self) -> None:
-        """SIGTERM to the server and its uvicorn worker (our own process group), SIGKILL if they linger."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.kill()
 
 
 @pytest.fixture(scope="session")

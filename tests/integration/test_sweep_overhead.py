@@ -1,5 +1,6 @@
 """benchmarks/sweep_overhead.py at its smallest size, on the session's Ray: it runs, and the driver makes exactly one
-MLflow request per epoch (a count, not a timing)."""
+MLflow request per epoch (a count, not a timing); benchmarks/trial_end.py and benchmarks/tracking_load.py at small
+sizes."""
 
 from __future__ import annotations
 
@@ -33,3 +34,16 @@ def test_trial_end_benchmark_times_both_ways(ray_address: str, capsys) -> None:
     background = re.search(r"^background +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +\d/1$", out, re.M)
     assert event_loop and background, out
     assert float(background.group(3)) > 0  # the upload and the model happened, on the worker thread
+
+
+def test_tracking_load_logs_every_epoch_once_through_a_real_server(ray_address: str, capsys) -> None:
+    """benchmarks/tracking_load.py at a small size on the session's Ray: 8 trials x 3 epochs, 4 at a time, through its
+    own ``mlflow server``; every epoch checked on the server, writes/s printed (a figure, not an asserted speed). Per
+    trial: its run, a log_batch of params, one per epoch, its closing tags, its end."""
+    from benchmarks import tracking_load
+
+    assert tracking_load.main(["--trials", "8", "--epochs", "3", "--concurrent", "4", "--epoch-s", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "checked: 8 runs FINISHED, every epoch logged exactly once, no write lost" in out, out
+    assert re.search(r"requests: \d+ \(create_run 8, log_batch 40, set_terminated 8\)", out), out
+    assert float(re.search(r"sustained writes/s: ([\d.]+)", out).group(1)) > 0

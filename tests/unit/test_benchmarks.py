@@ -29,6 +29,7 @@ BENCHMARKS = (
     "trial_end",
     "compile_cost",
     "trial_fixed_cost",
+    "tracking_load",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -42,6 +43,7 @@ FIRST_WORK = {
     "trial_end": "paper_checkpoint",
     "compile_cost": "run_side",
     "trial_fixed_cost": "trial_rows",
+    "tracking_load": "MlflowServer",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -248,6 +250,8 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("compile_cost", ["--pairs", "0"], "--pairs"),
         ("trial_fixed_cost", [], "--tracking-uri sqlite:///"),
         ("trial_fixed_cost", ["--tracking-uri", "sqlite:///{file}.db"], "no such sqlite store"),
+        ("tracking_load", ["--concurrent", "0"], "--concurrent"),
+        ("tracking_load", ["--epoch-s", "-1"], "--epoch-s"),
         ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("finding", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nonsense"),

@@ -4,6 +4,9 @@ Why: the driver writes every run (``callback``). An http tracking server down fo
 retry budget (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` x ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``: about four
 minutes by default) made every write raise, and the sweep died while its trials trained fine. Here:
 
+- the writes go through a client with a short budget per request (``store.WRITE_BUDGET``: one retry, 10 s), not
+  the client's minutes of retries, so the first write to a dead server fails within a second and Tune's event loop,
+  and with it every trial's next report, never waits on it;
 - a write that fails because the server cannot be reached (connection refused or reset, a timeout, 5xx replies until
   the retries ran out) is appended to ``BUFFER_FILE`` in the Ray experiment directory (on the driver's disk,
   ``pipeline.sweep.storage.driver_dir``, when the storage is a bucket, where it is parked only when the stage ends
@@ -58,6 +61,7 @@ class TrackingBuffer:
         self.down = False  # a write or read failed for an outage and no probe has answered since
         self._next_probe = 0.0
         self._resolved: dict[str, str] | None = None
+        self.appended = 0  # writes this object queued in the file (the load benchmark reports them)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_client_factory": None}
@@ -65,7 +69,8 @@ class TrackingBuffer:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = self._client_factory() if self._client_factory else mlflow_client(self.uri)
+            factory = self._client_factory or (lambda: mlflow_client(self.uri, short_budget=True))
+            self._client = factory()
         return self._client
 
     @property
@@ -295,6 +300,7 @@ class TrackingBuffer:
             file.write(json.dumps({**entry, "uri": self.uri}) + "\n")
             file.flush()
             os.fsync(file.fileno())
+        self.appended += 1
         self._pending = self.pending + 1 if self._pending is not None else len(self._entries())
 
     def _rewrite(self, entries: list[dict[str, Any]]) -> None:

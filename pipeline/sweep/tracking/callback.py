@@ -34,6 +34,7 @@ from mlflow.exceptions import MlflowException
 from ray import cloudpickle
 from ray.tune import Callback
 
+from pipeline.io import StorageFaultError, lasting_os_error
 from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.buffer import BUFFER_FILE, PLACEHOLDER, TrackingBuffer
@@ -47,6 +48,7 @@ from pipeline.sweep.tracking.tags import (
     NOTE_TAG,
     PARENT_TAG,
     STATUS_TAG,
+    STOP_REASON_TAG,
     TRIAL_ID_TAG,
     TRIAL_PATH_TAG,
     context_tags,
@@ -99,11 +101,12 @@ def trial_outcome(run: Any | None) -> str:
     return label if label in (FINISHED, EARLY_STOPPED, ERROR) else INTERRUPTED
 
 
-def close_interrupted(callback: MlflowTrialCallback) -> int:
+def close_interrupted(callback: MlflowTrialCallback, reason: str | None = None) -> int:
     """Mark the trials' runs still RUNNING (driver interrupted) and the parent as KILLED; a restore reopens them.
     Besides the sweep's children, the runs of an earlier sweep that this one continued. With the server down (or
     writes still queued) the store cannot say which runs are open: those the callback opened and did not end are
-    closed through the buffer."""
+    closed through the buffer. ``reason`` (why the run stopped: a full storage) goes on each and on the parent as
+    ``tune.stop_reason`` (kept when a re-run continues the run: it is what stopped it last)."""
     parent, buffer = callback.parent, callback.buffer
     callback.finish_trial_ends(raise_errors=False)  # the uploads in flight end their runs first
     open_ids = sorted(callback.open_runs())
@@ -118,26 +121,33 @@ def close_interrupted(callback: MlflowTrialCallback) -> int:
             if not is_outage(err) or buffer.path is None:
                 raise
             buffer.went_down(err)
+    why = {STOP_REASON_TAG: reason} if reason else {}
     for run_id in open_ids:
-        buffer.set_tags(run_id, {STATUS_TAG: INTERRUPTED})
+        buffer.set_tags(run_id, {STATUS_TAG: INTERRUPTED, **why})
         buffer.set_terminated(run_id, "KILLED")
+    if why:
+        buffer.set_tags(parent.parent_run_id, why)
     buffer.set_terminated(parent.parent_run_id, "KILLED")
     return len(open_ids)
 
 
-def unretryable_reason(trial: Any) -> str | None:
-    """The reason of the trial's last error when it is an ``UnretryableTrialError`` (divergence, bad config), read from
-    the error Tune pickled; None for any other error (or none)."""
+def trial_error(trial: Any) -> BaseException | None:
+    """The trial's last error as Tune pickled it (None when there is none or it cannot be read)."""
     try:
         # Tune writes the error into the trial's local folder just before on_trial_error and copies it to the storage
         # (where get_pickled_error reads) only at a later sync: a trial failing before its first report had none there.
         local = trial.pickled_error_file
         if local and Path(local).is_file():
-            error = cloudpickle.loads(Path(local).read_bytes())
-        else:
-            error = trial.get_pickled_error()
+            return cloudpickle.loads(Path(local).read_bytes())
+        return trial.get_pickled_error()
     except Exception:  # noqa: BLE001 - an unreadable error file only loses the reason, never the run's end
         return None
+
+
+def unretryable_reason(trial: Any) -> str | None:
+    """The reason of the trial's last error when it is an ``UnretryableTrialError`` (divergence, bad config), read from
+    the error Tune pickled; None for any other error (or none)."""
+    error = trial_error(trial)
     while error is not None:  # Ray wraps the trial's exception (RayTaskError, TuneError): walk to the cause
         if isinstance(error, UnretryableTrialError):
             return error.reason
@@ -215,7 +225,7 @@ class MlflowTrialCallback(Callback):
     @property
     def client(self) -> CountingClient:
         if self._client is None:
-            self._client = CountingClient(mlflow_client(self.parent.tracking_uri))
+            self._client = CountingClient(mlflow_client(self.parent.tracking_uri, short_budget=True))
         return self._client
 
     @property
@@ -437,14 +447,26 @@ class MlflowTrialCallback(Callback):
             lines.append(f"{known['trial']}: {count} failed attempt{'s' * (count > 1)}, {outcome} (last: {last})")
         return lines
 
+    def stop_on_storage_fault(self, trial: Any) -> None:
+        """A trial that failed writing to a full (read-only, over-quota...) disk: every retry, and every other trial,
+        would fail the same way, so the sweep stops here, raising ``StorageFaultError`` out of ``Tuner.fit`` (Tune
+        stops its trials); ``fit_tracked`` closes the runs with the reason and the stage says it in one line."""
+        fault = lasting_os_error(trial_error(trial))
+        if fault is None:
+            return
+        where = fault.filename or (str(self.storage) if self.storage is not None else trial.path)
+        raise StorageFaultError(str(where), fault, what=f"trial {trial.trial_id} wrote to it")
+
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._count_failure(trial, final=False)
+        self.stop_on_storage_fault(trial)
         run_id = self._run(trial.trial_id)
         if run_id is not None:  # tune.retries is set when the trial ends, as a final count that never goes stale
             self.buffer.set_tags(run_id, {STATUS_TAG: "retrying"})
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._count_failure(trial, final=True)
+        self.stop_on_storage_fault(trial)
         run_id = self._run(trial.trial_id)
         reason = unretryable_reason(trial)
         if run_id is not None and reason is not None:  # in the UI: why it failed, and that no retry was made

@@ -8,13 +8,21 @@
   requests a plan costs are counted in one module.
 - ``is_outage`` tells a server that cannot be reached from a request it refused; ``server_answers`` probes one in
   seconds (the client's own retries take minutes).
+- ``mlflow_client(uri, short_budget=True)``: the client of the sweep's own writes (the callback, the outage
+  buffer). MLflow's retry budget (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` 7 x backoff 2 s, 120 s timeout: about four
+  minutes on a dead server) is set only through process-wide variables; a write in that loop blocks Tune's event
+  loop, and with it every trial's next report. This client gives each request ``WRITE_BUDGET`` instead, so the first
+  write that meets a dead server fails within seconds and the outage buffer takes over; a slow or busy server costs
+  at most a buffered write, replayed later (never lost, never logged twice).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +30,15 @@ import requests
 from filelock import FileLock
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
+from mlflow.store.tracking.rest_store import RestStore
 from mlflow.tracking import MlflowClient
+from mlflow.tracking._tracking_service.client import TrackingServiceClient
+from mlflow.utils.credentials import get_default_host_creds
+from mlflow.utils.proto_json_utils import parse_dict
+from mlflow.utils.rest_utils import http_request, verify_rest_response
 
 from pipeline.config import TrackingConfig
+from pipeline.io import error_chain
 from pipeline.sweep.location import ARTIFACTS_DIR, adopt_artifact_root, default_store_uri
 from pipeline.sweep.tracking.tags import KEY_TAG, PARENT_TAG, TRIAL_ID_TAG
 
@@ -39,9 +53,56 @@ PLAN_PAGE = 50_000  # runs per search request when planning: MLflow's largest pa
 OUTAGE_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.RetryError)
 
 
-def mlflow_client(uri: str) -> MlflowClient:
-    """The driver's MLflow client for the store at ``uri``."""
-    return MlflowClient(uri)
+# Per request of the sweep's writes to an http server: one retry after 0.5 s, 10 s to connect or answer. A dead server
+# (refused) fails in about a second, a hung one in 20 s; MLflow's defaults take about four minutes for either.
+WRITE_BUDGET: dict[str, float] = {"max_retries": 1, "backoff_factor": 0.5, "timeout": 10}
+
+
+def mlflow_client(uri: str, *, short_budget: bool = False) -> MlflowClient:
+    """The driver's MLflow client for the store at ``uri``; ``short_budget``: an http server's requests get
+    ``WRITE_BUDGET`` (the sweep's writes, which an outage must not stall) instead of MLflow's minutes of retries."""
+    client = MlflowClient(uri)
+    if short_budget and uri.startswith(("http://", "https://")):
+        client._tracking_client = _TrackingClientOf(uri, ShortBudgetRestStore(partial(get_default_host_creds, uri)))
+    return client
+
+
+class ShortBudgetRestStore(RestStore):
+    """MLflow's REST store with ``WRITE_BUDGET`` per request: ``RestStore._call_endpoint`` as MLflow 3 has it, its
+    ``http_request`` given the retry budget and timeout that ``call_endpoint`` only takes from the environment."""
+
+    def _call_endpoint(
+        self,
+        api: Any,
+        json_body: str | None = None,
+        endpoint: str | None = None,
+        retry_timeout_seconds: float | None = None,
+        response_proto: Any = None,
+    ) -> Any:
+        method_to_info = self._V3_METHOD_TO_INFO if api in self._V3_APIS else self._METHOD_TO_INFO
+        self._validate_workspace_support_if_specified()
+        path, method = method_to_info[api]
+        endpoint = endpoint or path
+        body = json.loads(json_body) if json_body is not None else None
+        payload = {"params": body} if method == "GET" else {"json": body}
+        response = http_request(self.get_host_creds(), endpoint, method, **WRITE_BUDGET, **payload)
+        response = verify_rest_response(response, endpoint)
+        message = response_proto or api.Response()
+        if response.status_code != 204:
+            parse_dict(js_dict=json.loads(response.text), message=message)
+        return message
+
+
+class _TrackingClientOf(TrackingServiceClient):
+    """MLflow's tracking client on a given store (its own resolves one from the URI on every call)."""
+
+    def __init__(self, uri: str, store: RestStore) -> None:
+        self._store = store
+        super().__init__(uri)
+
+    @property
+    def store(self) -> RestStore:
+        return self._store
 
 
 class CountingClient:
@@ -172,14 +233,7 @@ def child_runs(uri: str, experiment_id: str, parent_run_id: str) -> dict[str, Ru
 def is_outage(err: BaseException) -> bool:
     """Whether ``err`` says the server could not be reached, as opposed to a request it refused. MLflow wraps the
     ``requests`` error in an ``MlflowException`` raised inside its ``except`` block: the cause is the context."""
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, OUTAGE_ERRORS):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return False
+    return any(isinstance(cause, OUTAGE_ERRORS) for cause in error_chain(err))
 
 
 def server_answers(uri: str) -> bool:

@@ -31,6 +31,7 @@ NODES_TAG = "ray.node_ids"  # comma-separated, in order: every node a trial's ru
 STATUS_TAG = "tune.status"  # how Tune ended the trial: running, retrying, finished, early_stopped, error, interrupted
 LAST_EPOCH_TAG = "tune.last_epoch"
 FAILURE_REASON_TAG = "tune.failure_reason"  # why a trial failed without retries (UnretryableTrialError)
+STOP_REASON_TAG = "tune.stop_reason"  # why the driver last stopped a run it closed as KILLED (a full storage)
 CHECKPOINT_TAG = "tune.checkpoint"  # the checkpoint folder uploaded as the run's artifact ``checkpoint/``
 MODEL_URI_TAG = "model_uri"  # ``models:/<model id>`` of the run's final model (the registry's source)
 NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI

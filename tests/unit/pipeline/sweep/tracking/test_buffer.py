@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep.tracking.buffer import TrackingBuffer
-from pipeline.sweep.tracking.store import CountingClient, is_outage
+from pipeline.sweep.tracking.store import CountingClient, is_outage, mlflow_client
 
 
 @pytest.fixture
@@ -97,3 +98,18 @@ def test_a_replayed_write_that_may_have_arrived_logs_no_epoch_twice(tmp_path: Pa
     assert TrackingBuffer(path, uri).flush(force=True)
     assert sorted(m.step for m in client.get_metric_history(run_id, "test_acc")) == [1, 2]
     assert client.get_run(run_id).info.status == "FINISHED" and not path.exists()
+
+
+def test_the_sweeps_writes_meet_a_dead_server_in_seconds_whatever_the_environment(
+    nothing_listening: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's default budget (7 retries, backoff 2 s: minutes on a dead server) stays for every other client; the
+    sweep's writes (``short_budget``) fail within seconds as an outage, so the buffer takes over at once."""
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT")
+    client = mlflow_client(nothing_listening, short_budget=True)
+    started = time.monotonic()
+    with pytest.raises(MlflowException) as down:
+        client.set_tag("0" * 32, "k", "v")
+    assert is_outage(down.value) and time.monotonic() - started < 5
+    assert mlflow_client(nothing_listening)._tracking_client.store.__class__.__name__ == "RestStore"  # unchanged
