@@ -29,6 +29,8 @@ pytestmark = pytest.mark.slow
 
 EPOCHS = 5
 TINY_RETRY_BUDGET = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+# The server stays down in that test: the stage's wait at its end for it to come back (a minute) only delays the exit.
+SHORT_FINAL_WAIT_S = 5.0
 
 
 @pytest.fixture
@@ -41,9 +43,24 @@ def server(tmp_path: Path) -> Iterator[MlflowServer]:
         mlflow.kill()
 
 
-def _start_tune(project: Project) -> subprocess.Popen:
+def _tune_command(final_wait_s: float | None = None) -> list[str]:
+    """``python -m stages.tune``; with ``final_wait_s``, the stage's own code with its wait at the end for a server
+    that is down (``FINAL_WAIT_S``: a minute) cut to that: a test that only needs the stage to give up saves the rest.
+    """
+    if final_wait_s is None:
+        return ["python", "-m", "stages.tune"]
+    shortened = (
+        "import runpy, pipeline.sweep.tracked as tracked\n"
+        "assert isinstance(tracked.FINAL_WAIT_S, float), 'the wait this test shortens moved'\n"
+        f"tracked.FINAL_WAIT_S = {float(final_wait_s)!r}\n"
+        "runpy.run_module('stages.tune', run_name='__main__', alter_sys=True)\n"
+    )
+    return ["python", "-c", shortened]
+
+
+def _start_tune(project: Project, final_wait_s: float | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        ["python", "-m", "stages.tune"],
+        _tune_command(final_wait_s),
         cwd=project.path,
         env={**project.env, **TINY_RETRY_BUDGET},
         stdout=subprocess.PIPE,
@@ -135,7 +152,7 @@ def test_a_server_that_stays_down_ends_in_one_line_and_the_next_run_flushes(
     exit 75, the manifest written; once the server is back, the next run flushes the buffer and trains nothing."""
     project.dvc("repro", "prepare")
     path = _sweep(project, project_params, server, seeds=[12, 13])
-    stage = _start_tune(project)
+    stage = _start_tune(project, final_wait_s=SHORT_FINAL_WAIT_S)
     _kill_after_first_epoch_logged(server, stage)
     output, _ = stage.communicate(timeout=300)
     assert stage.returncode == 75, output[-3000:]
