@@ -167,3 +167,34 @@ def new_bucket(s3_endpoint: str) -> Callable[[], Bucket]:
 def bucket(new_bucket: Callable[[], Bucket]) -> Bucket:
     """A new bucket per test, so tests never see each other's objects."""
     return new_bucket()
+
+
+# With pytest-xdist (`make test`: `-n 2 --dist loadgroup`), tests that share a session's real tools run in one worker,
+# so each is started once: those of the local Ray and the shared project (and the session's MLflow server) in one
+# group, those of the two-node cluster in another; the other tests go by module, so a module's fixtures are built once.
+RAY_LOCAL_FIXTURES = {"ray_address", "project", "mlflow_server"}
+CLUSTER_FIXTURES = {"cluster", "cluster_project"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, torch computes on one thread: the workers already keep both cores busy, and a second
+    intra-op thread per worker only spin-waits for a core (tests of tiny models set one thread for that reason)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & CLUSTER_FIXTURES:
+            group = "two-node-cluster"
+        elif fixtures & RAY_LOCAL_FIXTURES:
+            group = "local-ray"
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -1,5 +1,6 @@
 """An MLflow tracking server down for longer than the client's retry budget, on the real tools: a `mlflow server` of the
-test's own (killed and restarted on the same port and store), the session's Ray, the tune stage as a subprocess.
+module's own (killed and restarted on the same port and store; one experiment per test), the session's Ray, the tune
+stage as a subprocess.
 
 The stage gets a retry budget of one try (MLflow's ``MLFLOW_HTTP_REQUEST_*`` variables), so an outage outlasts it at
 once instead of after the default ~4 minutes; the training must go on, its writes buffered and replayed."""
@@ -33,14 +34,23 @@ TINY_RETRY_BUDGET = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUES
 SHORT_FINAL_WAIT_S = 5.0
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[MlflowServer]:
-    mlflow = MlflowServer(tmp_path)
+@pytest.fixture(scope="module")
+def outage_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One server of this module's own (the tests kill it), started once: each test tracks into its own experiment."""
+    mlflow = MlflowServer(tmp_path_factory.mktemp("outage-server"))
     mlflow.start()
     try:
         yield mlflow
     finally:
         mlflow.kill()
+
+
+@pytest.fixture
+def server(outage_server: MlflowServer) -> MlflowServer:
+    """The module's server, answering when the test starts (a test that failed while it was down left it so)."""
+    if outage_server.process is None or outage_server.process.poll() is not None:
+        outage_server.start()
+    return outage_server
 
 
 def _tune_command(final_wait_s: float | None = None) -> list[str]:
@@ -69,25 +79,31 @@ def _start_tune(project: Project, final_wait_s: float | None = None) -> subproce
     )
 
 
+def _experiment(seeds: list[int]) -> str:
+    """Each test's experiment on the shared server: a kill waits for a first epoch of this test's own runs."""
+    return "it-outage-" + "-".join(map(str, seeds))
+
+
 def _sweep(project: Project, params: dict, server: MlflowServer, seeds: list[int]) -> Path:
-    """One variant, ``EPOCHS`` epochs, one trial at a time, tracked by ``server``; the Ray experiment dir."""
+    """One variant, ``EPOCHS`` epochs, one trial at a time, tracked by ``server`` into ``_experiment(seeds)``; the Ray
+    experiment dir."""
     params["train"]["epochs"] = EPOCHS
     params["sweep"].update(
         variants=["sa_quadratic_9"], seeds=seeds, max_concurrent_trials=1, fail_once_after_epoch=None
     )
-    params["tracking"] = {"uri": server.uri, "experiment": "it-outage"}
+    params["tracking"] = {"uri": server.uri, "experiment": _experiment(seeds)}
     project.write_params(params)
     loaded = load_params(project.path / "params.yaml")
     return project.path / "results/ray" / experiment_name(loaded, prepared_data_hash(loaded, project.path))
 
 
-def _kill_after_first_epoch_logged(server: MlflowServer, stage: subprocess.Popen) -> int:
-    """Kill the server as soon as a trial's first epoch is in MLflow; the epochs logged by then."""
+def _kill_after_first_epoch_logged(server: MlflowServer, stage: subprocess.Popen, experiment: str) -> int:
+    """Kill the server as soon as a trial's first epoch is in ``experiment``; the epochs logged by then."""
     client = MlflowClient(server.uri)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and stage.poll() is None:
-        experiment = client.get_experiment_by_name("it-outage")
-        runs = client.search_runs([experiment.experiment_id], "metrics.test_acc > -1") if experiment else []
+        found = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([found.experiment_id], "metrics.test_acc > -1") if found else []
         if runs:
             logged = max(m.step for run in runs for m in client.get_metric_history(run.info.run_id, "test_acc"))
             server.kill()
@@ -129,7 +145,7 @@ def test_an_outage_longer_than_the_retry_budget_loses_nothing(
     project.dvc("repro", "prepare")
     path = _sweep(project, project_params, server, seeds=[11])
     stage = _start_tune(project)
-    logged_before = _kill_after_first_epoch_logged(server, stage)
+    logged_before = _kill_after_first_epoch_logged(server, stage, _experiment([11]))
     _wait_for(lambda: list(path.glob(f"*/checkpoint_{EPOCHS - 1:06d}")), stage, "the last epoch while down")
     server.start()
     output, _ = stage.communicate(timeout=240)
@@ -153,7 +169,7 @@ def test_a_server_that_stays_down_ends_in_one_line_and_the_next_run_flushes(
     project.dvc("repro", "prepare")
     path = _sweep(project, project_params, server, seeds=[12, 13])
     stage = _start_tune(project, final_wait_s=SHORT_FINAL_WAIT_S)
-    _kill_after_first_epoch_logged(server, stage)
+    _kill_after_first_epoch_logged(server, stage, _experiment([12, 13]))
     output, _ = stage.communicate(timeout=300)
     assert stage.returncode == 75, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
