@@ -40,7 +40,7 @@ repro: $(STAMP)  ## run the whole pipeline on the embedded default (dvc repro)
 # cluster) stay together in one worker (tests/conftest.py), the other tests fill in around them (TEST_WORKERS=0: one
 # process, as `.venv/bin/pytest` alone runs them).
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 
 test: $(STAMP)  ## the full test suite, integration tests included (TEST_WORKERS=2 processes)
 	$(BIN)/pytest $(PYTEST_PARALLEL)

@@ -169,32 +169,40 @@ def bucket(new_bucket: Callable[[], Bucket]) -> Bucket:
     return new_bucket()
 
 
-# With pytest-xdist (`make test`: `-n 2 --dist loadgroup`), tests that share a session's real tools run in one worker,
-# so each is started once: those of the local Ray and the shared project (and the session's MLflow server) in one
-# group, those of the two-node cluster in another; the other tests go by module, so a module's fixtures are built once.
-RAY_LOCAL_FIXTURES = {"ray_address", "project", "mlflow_server"}
-CLUSTER_FIXTURES = {"cluster", "cluster_project"}
+# With pytest-xdist (`make test`: `-n 2`), the tests that share a session's real tools run in one worker, so each tool
+# is started once: the integration tests (the local Ray, the shared project, the session's MLflow server) in one, the
+# two-node cluster's tests in one; the other tests go by module, so a module's fixtures are built once. (xdist's own
+# `--dist loadgroup` marks do not take on pytest 9: it renames items through an attribute pytest no longer reads.)
+GROUPS = {"tests/integration/": "local-ray", "tests/cluster/": "two-node-cluster"}
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit a worker runs whole, by the test's id: its folder's group, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return next((group for folder, group in GROUPS.items() if module.startswith(folder)), module)
+
+
+class _OneWorkerPerTool:
+    """xdist's scope scheduler (the largest scope first) with ``xdist_scope`` as the scope."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return xdist_scope(nodeid)
+
+        return Scheduling(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In an xdist worker, torch computes on one thread: the workers already keep both cores busy, and a second
-    intra-op thread per worker only spin-waits for a core (tests of tiny models set one thread for that reason)."""
+    """Under xdist: the scheduler above (in the controller), and torch on one thread in each worker: the workers
+    already keep both cores busy, and a second intra-op thread per worker only spin-waits for a core (tests of tiny
+    models set one thread for that reason)."""
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_OneWorkerPerTool(), "one-worker-per-tool")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
         torch.set_num_threads(1)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & CLUSTER_FIXTURES:
-            group = "two-node-cluster"
-        elif fixtures & RAY_LOCAL_FIXTURES:
-            group = "local-ray"
-        else:
-            group = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
