@@ -60,10 +60,6 @@ def test_two_projects_create_one_fresh_sqlite_store_at_once(tmp_path: Path) -> N
 
 
 SHARED_TRIALS = {"variants": ["resnet18"], "seeds": [31, 32]}  # seeds no other test trains
-# The waiting driver polls the live claims every claim_timeout_s / 12 (10 s at the default 120 s): a quarter of the
-# default here, so the wait after the winner's claim ends is seconds. Heartbeats then come every 7.5 s, a claim is
-# taken over after 30 s without one: far more than a loaded machine delays a heartbeat.
-CLAIM_TIMEOUT_S = 30.0
 
 
 def _copies(project: Project, tmp_path: Path, uri: str, experiment: str) -> list[Project]:
@@ -76,9 +72,7 @@ def _copies(project: Project, tmp_path: Path, uri: str, experiment: str) -> list
         copy = Project(path, project.env)
         params = tiny_params()
         params["sweep"].update(SHARED_TRIALS)
-        copy.write_params(
-            {**params, "tracking": {"uri": uri, "experiment": experiment, "claim_timeout_s": CLAIM_TIMEOUT_S}}
-        )
+        copy.write_params({**params, "tracking": {"uri": uri, "experiment": experiment}})
         copy.run("python", "-m", "stages.prepare")
         copies.append(copy)
     return copies
