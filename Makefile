@@ -44,11 +44,17 @@ baseline: repro  ## refresh the committed reference metrics from this run (on a 
 	@git diff --cached --stat -- $(BASELINE)
 	@echo "staged the reference metrics: commit them (git commit -m 'baseline: <what changed>')"
 
-test: $(STAMP)  ## the full test suite, integration tests included
-	$(BIN)/pytest
+# Two pytest-xdist workers: the tests of one session's real tools (the local Ray and the shared project; the two-node
+# cluster) stay together in one worker (tests/conftest.py), the other tests fill in around them (TEST_WORKERS=0: one
+# process, as `.venv/bin/pytest` alone runs them).
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
+
+test: $(STAMP)  ## the full test suite, integration tests included (TEST_WORKERS=2 processes)
+	$(BIN)/pytest $(PYTEST_PARALLEL)
 
 test-fast: $(STAMP)  ## unit tests only
-	$(BIN)/pytest -m "not slow and not browser"
+	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not slow and not browser"
 
 lint: $(STAMP)  ## ruff's checks, and that every file is as ruff format writes it (CI runs this before the tests)
 	$(BIN)/ruff check .

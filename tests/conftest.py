@@ -167,3 +167,42 @@ def new_bucket(s3_endpoint: str) -> Callable[[], Bucket]:
 def bucket(new_bucket: Callable[[], Bucket]) -> Bucket:
     """A new bucket per test, so tests never see each other's objects."""
     return new_bucket()
+
+
+# With pytest-xdist (`make test`: `-n 2`), the tests that share a session's real tools run in one worker, so each tool
+# is started once: the integration tests (the local Ray, the shared project, the session's MLflow server) in one, the
+# two-node cluster's tests in one; the other tests go by module, so a module's fixtures are built once. (xdist's own
+# `--dist loadgroup` marks do not take on pytest 9: it renames items through an attribute pytest no longer reads.)
+GROUPS = {"tests/integration/": "local-ray", "tests/cluster/": "two-node-cluster"}
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit a worker runs whole, by the test's id: its folder's group, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return next((group for folder, group in GROUPS.items() if module.startswith(folder)), module)
+
+
+class _OneWorkerPerTool:
+    """xdist's scope scheduler (the largest scope first) with ``xdist_scope`` as the scope."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return xdist_scope(nodeid)
+
+        return Scheduling(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist: the scheduler above (in the controller), and torch on one thread in each worker: the workers
+    already keep both cores busy, and a second intra-op thread per worker only spin-waits for a core (tests of tiny
+    models set one thread for that reason)."""
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_OneWorkerPerTool(), "one-worker-per-tool")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.project_copy import copy_project
+
 ROOT = Path(__file__).resolve().parents[2]
 NODE_SCRIPT = Path(__file__).with_name("ray_node.py")
 VENV_BIN = Path(sys.executable).parent
@@ -185,18 +187,7 @@ class ClusterProject:
 @pytest.fixture(scope="session")
 def cluster_project(tmp_path_factory: pytest.TempPathFactory) -> ClusterProject:
     """Tracked + not-ignored files of the working tree, committed in a fresh git repo, data prepared."""
-    path = tmp_path_factory.mktemp("cluster-project")
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for name in listed:
-        if (ROOT / name).is_file() and name != "dvc.lock":
-            (path / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, path / name)
+    path = copy_project(tmp_path_factory.mktemp("cluster-project"))
     project = ClusterProject(path)
     project.write_params(tiny_cluster_params())
     git = {

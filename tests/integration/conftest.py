@@ -7,7 +7,6 @@ stages.tune``) that attaches to the session's Ray through ``RAY_ADDRESS`` and lo
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from pipeline.sweep.tracking.server import MlflowServer  # the tests import it from here too
+from tests.project_copy import copy_project
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -130,19 +130,7 @@ class Project:
 @pytest.fixture(scope="session")
 def project(tmp_path_factory: pytest.TempPathFactory, ray_address: str, mlflow_server: MlflowServer) -> Project:
     """Tracked + not-ignored files of the working tree, committed in a fresh git repo, params shrunk."""
-    path = tmp_path_factory.mktemp("project")
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for name in listed:
-        source = ROOT / name
-        if source.is_file() and name != "dvc.lock":
-            (path / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, path / name)
+    path = copy_project(tmp_path_factory.mktemp("project"))
     env = {
         **os.environ,
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",

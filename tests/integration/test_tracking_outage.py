@@ -1,5 +1,6 @@
 """An MLflow tracking server down for longer than the client's retry budget, on the real tools: a `mlflow server` of the
-test's own (killed and restarted on the same port and store), the session's Ray, the tune stage as a subprocess.
+module's own (killed and restarted on the same port and store; one experiment per test), the session's Ray, the tune
+stage as a subprocess.
 
 The first test keeps MLflow's default retry budget (about four minutes on a dead server): the sweep's writes must hand
 over to the outage buffer within seconds, epochs arriving as fast as before the outage. The second gives the stage a
@@ -33,11 +34,14 @@ pytestmark = pytest.mark.slow
 
 EPOCHS = 5
 TINY_RETRY_BUDGET = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+# The server stays down in that test: the stage's wait at its end for it to come back (a minute) only delays the exit.
+SHORT_FINAL_WAIT_S = 5.0
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[MlflowServer]:
-    mlflow = MlflowServer(tmp_path)
+@pytest.fixture(scope="module")
+def outage_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One server of this module's own (the tests kill it), started once: each test tracks into its own experiment."""
+    mlflow = MlflowServer(tmp_path_factory.mktemp("outage-server"))
     mlflow.start()
     try:
         yield mlflow
@@ -45,9 +49,34 @@ def server(tmp_path: Path) -> Iterator[MlflowServer]:
         mlflow.kill()
 
 
-def _start_tune(project: Project, budget: dict[str, str] = TINY_RETRY_BUDGET) -> subprocess.Popen:
+@pytest.fixture
+def server(outage_server: MlflowServer) -> MlflowServer:
+    """The module's server, answering when the test starts (a test that failed while it was down left it so)."""
+    if outage_server.process is None or outage_server.process.poll() is not None:
+        outage_server.start()
+    return outage_server
+
+
+def _tune_command(final_wait_s: float | None = None) -> list[str]:
+    """``python -m stages.tune``; with ``final_wait_s``, the stage's own code with its wait at the end for a server
+    that is down (``FINAL_WAIT_S``: a minute) cut to that: a test that only needs the stage to give up saves the rest.
+    """
+    if final_wait_s is None:
+        return ["python", "-m", "stages.tune"]
+    shortened = (
+        "import runpy, pipeline.sweep.tracked as tracked\n"
+        "assert isinstance(tracked.FINAL_WAIT_S, float), 'the wait this test shortens moved'\n"
+        f"tracked.FINAL_WAIT_S = {float(final_wait_s)!r}\n"
+        "runpy.run_module('stages.tune', run_name='__main__', alter_sys=True)\n"
+    )
+    return ["python", "-c", shortened]
+
+
+def _start_tune(
+    project: Project, budget: dict[str, str] = TINY_RETRY_BUDGET, final_wait_s: float | None = None
+) -> subprocess.Popen:
     return subprocess.Popen(
-        ["python", "-m", "stages.tune"],
+        _tune_command(final_wait_s),
         cwd=project.path,
         env={**project.env, **budget},
         stdout=subprocess.PIPE,
@@ -56,13 +85,19 @@ def _start_tune(project: Project, budget: dict[str, str] = TINY_RETRY_BUDGET) ->
     )
 
 
+def _experiment(seeds: list[int]) -> str:
+    """Each test's experiment on the shared server: a kill waits for a first epoch of this test's own runs."""
+    return "it-outage-" + "-".join(map(str, seeds))
+
+
 def _sweep(project: Project, params: dict, server: MlflowServer, seeds: list[int], epochs: int = EPOCHS) -> Path:
-    """One variant, ``epochs`` epochs, one trial at a time, tracked by ``server``; the Ray experiment dir."""
+    """One variant, ``epochs`` epochs, one trial at a time, tracked by ``server`` into ``_experiment(seeds)``; the Ray
+    experiment dir."""
     params["train"]["epochs"] = epochs
     params["sweep"].update(
         variants=["sa_quadratic_9"], seeds=seeds, max_concurrent_trials=1, fail_once_after_epoch=None
     )
-    params["tracking"] = {"uri": server.uri, "experiment": "it-outage"}
+    params["tracking"] = {"uri": server.uri, "experiment": _experiment(seeds)}
     project.write_params(params)
     loaded = load_params(project.path / "params.yaml")
     return project.path / "results/ray" / experiment_name(loaded, prepared_data_hash(loaded, project.path))
@@ -102,13 +137,15 @@ def _rate(samples: list[tuple[float, int]], start: float, end: float) -> float:
     return (last_n - base - 1) / (last - first) if last > first else float("nan")
 
 
-def _kill_after_first_epoch_logged(server: MlflowServer, stage: subprocess.Popen, after: int = 1) -> int:
-    """Kill the server as soon as a trial's epoch ``after`` is in MLflow; the epochs logged by then."""
+def _kill_after_first_epoch_logged(
+    server: MlflowServer, stage: subprocess.Popen, experiment: str, after: int = 1
+) -> int:
+    """Kill the server as soon as a trial's epoch ``after`` is in ``experiment``; the epochs logged by then."""
     client = MlflowClient(server.uri)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and stage.poll() is None:
-        experiment = client.get_experiment_by_name("it-outage")
-        runs = client.search_runs([experiment.experiment_id], "metrics.test_acc > -1") if experiment else []
+        found = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([found.experiment_id], "metrics.test_acc > -1") if found else []
         logged = max((m.step for r in runs for m in client.get_metric_history(r.info.run_id, "test_acc")), default=0)
         if logged >= after:
             server.kill()
@@ -157,7 +194,7 @@ def test_an_outage_stalls_no_epoch_and_loses_nothing(
     stage = _start_tune(project, budget={})
     with _arrivals(path) as samples:
         started = time.monotonic()
-        logged_before = _kill_after_first_epoch_logged(server, stage, after=4)
+        logged_before = _kill_after_first_epoch_logged(server, stage, _experiment([11]), after=4)
         killed = time.monotonic()
         _wait_for(lambda: _reported(path) >= epochs, stage, "the last epoch while down")
         ended = time.monotonic() + 0.1
@@ -187,8 +224,8 @@ def test_a_server_that_stays_down_ends_in_one_line_and_the_next_run_flushes(
     exit 75, the manifest written; once the server is back, the next run flushes the buffer and trains nothing."""
     project.dvc("repro", "prepare")
     path = _sweep(project, project_params, server, seeds=[12, 13])
-    stage = _start_tune(project)
-    _kill_after_first_epoch_logged(server, stage)
+    stage = _start_tune(project, final_wait_s=SHORT_FINAL_WAIT_S)
+    _kill_after_first_epoch_logged(server, stage, _experiment([12, 13]))
     output, _ = stage.communicate(timeout=300)
     assert stage.returncode == 75, output[-3000:]
     assert "Traceback" not in output, output[-3000:]

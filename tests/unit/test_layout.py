@@ -16,6 +16,7 @@ from pipeline.config import EncodingName
 from pipeline.models.positional import ENCODINGS
 from pipeline.sweep import identity
 from pipeline.sweep.identity import TRIAL_CODE, code_hash
+from tests.project_copy import project_files
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
@@ -121,13 +122,7 @@ def test_encoding_names_in_config_are_the_models_encodings() -> None:
 
 
 def test_no_project_file_cites_documents_outside_the_repository() -> None:
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    listed = project_files(ROOT)
     this_file = Path(__file__).resolve().relative_to(ROOT).as_posix()
     needles = ("shared/docs", "../shared", "ecosystem.md", "DESIGN.md", "STYLE.md", "ROADMAP.md", "paper.md")
     cited = [
