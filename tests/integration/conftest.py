@@ -95,6 +95,20 @@ class Project:
     def dvc(self, *args: str) -> subprocess.CompletedProcess:
         return self.run("dvc", *args)
 
+    def start_tune(
+        self, command: tuple[str, ...] = ("python", "-m", "stages.tune"), env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """Start the tune stage (``command``) in the project, with the project's environment or ``env``; its output
+        (stdout and stderr together) readable from the returned process."""
+        return subprocess.Popen(
+            list(command),
+            cwd=self.path,
+            env=self.env if env is None else env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
     def interrupt_tune(
         self, experiment_dir: Path, checkpoint: int, stop: signal.Signals = signal.SIGINT, timeout_s: float = 120
     ) -> tuple[int, str]:
@@ -108,14 +122,7 @@ class Project:
     ) -> tuple[int, str]:
         """Start ``python -m stages.tune``, send it ``stop`` once ``saved()`` (``what``: what it waits for, for the
         failure message); its exit code and output."""
-        stage = subprocess.Popen(
-            ["python", "-m", "stages.tune"],
-            cwd=self.path,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        stage = self.start_tune()
         deadline = time.monotonic() + timeout_s
         while not saved():
             if stage.poll() is not None or time.monotonic() > deadline:

@@ -57,14 +57,7 @@ def test_the_next_run_ends_what_a_sigkilled_driver_left(project: Project, projec
     project_params["sweep"].update(variants=["sa_quadratic_9"], seeds=[43], fail_once_after_epoch=None)
     project.write_params(project_params)
     env = {key: value for key, value in project.env.items() if key != "RAY_ADDRESS"}  # the stage starts its own Ray
-    stage = subprocess.Popen(
-        ["python", "-m", "stages.tune"],
-        cwd=project.path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    stage = project.start_tune(env=env)
     session = _session_once_training(stage)
     stage.send_signal(signal.SIGKILL)
     stage.communicate(timeout=30)

@@ -84,14 +84,7 @@ def test_results_unwritable_mid_run_ends_with_one_line(project: Project, project
     project.write_params(project_params)
     path, out = _experiment_dir(project), project.path / "results/tune"
     aside = project.path / "results/tune.aside"
-    stage = subprocess.Popen(
-        ["python", "-m", "stages.tune"],
-        cwd=project.path,
-        env=project.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    stage = project.start_tune()
     try:
         deadline = time.monotonic() + 180
         while not list(path.glob("*/checkpoint_000000")):

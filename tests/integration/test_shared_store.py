@@ -79,17 +79,7 @@ def _copies(project: Project, tmp_path: Path, uri: str, experiment: str) -> list
 
 
 def _tune_together(copies: list[Project]) -> list[str]:
-    stages = [
-        subprocess.Popen(
-            ["python", "-m", "stages.tune"],
-            cwd=copy.path,
-            env=copy.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for copy in copies
-    ]
+    stages = [copy.start_tune() for copy in copies]
     outputs = [stage.communicate(timeout=600)[0] for stage in stages]
     for stage, output in zip(stages, outputs, strict=True):
         assert stage.returncode == 0, output[-4000:]

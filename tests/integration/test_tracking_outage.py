@@ -75,14 +75,7 @@ def _tune_command(final_wait_s: float | None = None) -> list[str]:
 def _start_tune(
     project: Project, budget: dict[str, str] = TINY_RETRY_BUDGET, final_wait_s: float | None = None
 ) -> subprocess.Popen:
-    return subprocess.Popen(
-        _tune_command(final_wait_s),
-        cwd=project.path,
-        env={**project.env, **budget},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return project.start_tune(tuple(_tune_command(final_wait_s)), env={**project.env, **budget})
 
 
 def _experiment(seeds: list[int]) -> str:

@@ -48,14 +48,7 @@ def test_a_worker_killed_while_its_actor_is_constructed_costs_one_attempt(
     project_params["train"]["epochs"] = 1
     project_params["sweep"].update(variants=["sa_quadratic_9"], seeds=[41], max_failures=1, fail_once_after_epoch=None)
     project.write_params(project_params)
-    stage = subprocess.Popen(
-        ["python", "-m", "stages.tune"],
-        cwd=project.path,
-        env=project.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    stage = project.start_tune()
     _kill_first_constructing_actor(stage)
     output, _ = stage.communicate(timeout=240)
     assert stage.returncode == 0, output[-4000:]
