@@ -157,6 +157,8 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
     callback = MlflowTrialCallback(
         parent, run_info, stage.tags, stage.tuner_params.train.epochs, stage.dataset, buffer_file.parent, storage
     )
+    if restored:
+        callback.adopt_child_runs()
     try:
         records = (
             fit_tracked(stage.tuner_params, data, path, callback, restore=restored, trials=trials) if trials else []

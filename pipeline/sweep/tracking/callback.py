@@ -249,6 +249,21 @@ class MlflowTrialCallback(Callback):
         self.runs.update(state.get("runs", {}))
         self.last_epoch.update(state.get("last_epoch", {}))
 
+    def adopt_child_runs(self) -> int:
+        """On a restore, the parent's child runs by their trial id, for the trials Tune's saved state does not map:
+        a storage that filled up (or a driver killed) before Tune saved its state after a trial's run was created would
+        otherwise give that trial a second run. One search for the sweep; none while the store cannot be read (the
+        restore then goes by Tune's state alone). How many runs it adopted."""
+        parent = self.parent
+        found = self._read(lambda: child_runs(parent.tracking_uri, parent.experiment_id, parent.parent_run_id), {})
+        adopted = {
+            trial_id: run.info.run_id
+            for trial_id, run in found.items()
+            if run.data.tags.get(TRIAL_ID_TAG) == trial_id and trial_id not in self.runs
+        }
+        self.runs.update(adopted)
+        return len(adopted)
+
     def run_ids(self) -> dict[str, str]:
         """trial_id -> run_id, with the runs created by a replay of the buffer under their real ids."""
         self.runs = {trial_id: self.buffer.run_id(run_id) for trial_id, run_id in self.runs.items()}

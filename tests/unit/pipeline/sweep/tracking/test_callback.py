@@ -97,6 +97,28 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
     assert run.data.tags["tune.status"] == "finished" and run.info.status == "FINISHED"
 
 
+def test_a_restore_continues_the_run_tunes_saved_state_does_not_name(client) -> None:
+    """A full storage (or a killed driver) can stop the sweep after a trial's run was created and before Tune saved
+    its state: the restored callback finds the run among the parent's children by its trial id, and continues it
+    instead of opening a second run for the trial."""
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    trial, other = _Trial("unsaved"), _Trial("never-started")
+    first = MlflowTrialCallback(sweep, _describe, {}, epochs=2)
+    first.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    mlflow.set_terminated(first.runs["unsaved"], "KILLED")  # closed by close_interrupted; Tune saved no state
+
+    restored = MlflowTrialCallback(sweep, _describe, {}, epochs=2)
+    assert restored.adopt_child_runs() == 1
+    for started in (trial, other):
+        restored.on_trial_start(iteration=0, trials=[trial, other], trial=started)
+    assert restored.runs["unsaved"] == first.runs["unsaved"]  # continued: one run per trial
+    assert restored.runs["never-started"] != first.runs["unsaved"]
+    assert mlflow.get_run(first.runs["unsaved"]).info.status == "RUNNING"
+    children = mlflow.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{sweep.parent_run_id}'")
+    assert len(children) == 2
+
+
 def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_by(client, tmp_path: Path) -> None:
     """The first sweep stopped after the trial saved epoch 3 but before the driver logged it: the later sweep resumes
     from that checkpoint (epoch 4 on) and logs epoch 3 from the checkpoint's own history, so no epoch is missing."""
