@@ -169,21 +169,47 @@ def bucket(new_bucket: Callable[[], Bucket]) -> Bucket:
     return new_bucket()
 
 
-# With pytest-xdist (`make test`: `-n 2`), the tests that share a session's real tools run in one worker, so each tool
-# is started once: the integration tests (the local Ray, the shared project, the session's MLflow server) in one, the
-# two-node cluster's tests in one; the other tests go by module, so a module's fixtures are built once. (xdist's own
-# `--dist loadgroup` marks do not take on pytest 9: it renames items through an attribute pytest no longer reads.)
-GROUPS = {"tests/integration/": "local-ray", "tests/cluster/": "two-node-cluster"}
+# With pytest-xdist (`make test`: `-n 2`), tests that share a session's real tools run in one worker, so each tool is
+# started once per group: the integration tests in two groups (each worker that runs one starts its own local Ray,
+# MLflow server and project copy: the tools cost seconds, the two halves minutes each), the two-node cluster's tests in
+# one; the other tests go by module, so a module's fixtures are built once. The groups go out first, the costliest
+# first, and the short modules fill in around them. (xdist's own `--dist loadgroup` marks do not take on pytest 9: it
+# renames items through an attribute pytest no longer reads.)
+INTEGRATION = "tests/integration/"
+# The fault-tolerance half of the integration tests (storage, outages, deaths, restores); the rest of tests/integration
+# (the pipeline, its views, scheduling) is the other half. A new module joins the second unless it is listed here.
+FAULT_MODULES = {
+    f"{INTEGRATION}{name}.py"
+    for name in (
+        "test_incremental_sweep",
+        "test_shared_store",
+        "test_bucket_storage",
+        "test_tracking_outage",
+        "test_reliability",
+        "test_storage_faults",
+        "test_trial_deaths",
+        "test_truncated_checkpoint",
+        "test_orphans",
+    )
+}
+GROUP_ORDER = ("local-ray", "local-ray-faults", "two-node-cluster")  # costliest first
 
 
 def xdist_scope(nodeid: str) -> str:
-    """The unit a worker runs whole, by the test's id: its folder's group, else its module."""
+    """The unit a worker runs whole, by the test's id: its group, else its module."""
     module = nodeid.split("::", 1)[0]
-    return next((group for folder, group in GROUPS.items() if module.startswith(folder)), module)
+    if module in FAULT_MODULES:
+        return "local-ray-faults"
+    if module.startswith(INTEGRATION):
+        return "local-ray"
+    if module.startswith("tests/cluster/"):
+        return "two-node-cluster"
+    return module
 
 
 class _OneWorkerPerTool:
-    """xdist's scope scheduler (the largest scope first) with ``xdist_scope`` as the scope."""
+    """xdist's scope scheduler with ``xdist_scope`` as the scope and the groups handed out first (``GROUP_ORDER``);
+    xdist alone orders scopes by their number of tests, which would leave the two-node cluster for the end."""
 
     @staticmethod
     def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
@@ -192,6 +218,12 @@ class _OneWorkerPerTool:
         class Scheduling(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 return xdist_scope(nodeid)
+
+            def _assign_work_unit(self, node: object) -> None:
+                for group in reversed(GROUP_ORDER):
+                    if group in self.workqueue:
+                        self.workqueue.move_to_end(group, last=False)
+                super()._assign_work_unit(node)
 
         return Scheduling(config, log)
 
