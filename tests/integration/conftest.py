@@ -59,14 +59,16 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
 
 
 def tiny_params(**sweep: object) -> dict:
-    """The project's params shrunk: 2 variants, 2 epochs, smallest widths."""
+    """The project's params shrunk: 2 variants, 2 epochs, smallest widths, one trial at a time (one Ray worker per
+    stage run, which Tune reuses for the next trial: a second worker costs about 6 CPU-s of start-up, more than a
+    tiny trial; a test of concurrency asks for more)."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["model"].update(hidden=16, ffn=32, layers=1, learned_dim=8, resnet_width=4)
     params["train"].update(epochs=2)
     params["sweep"].update(
         variants=["sa_quadratic_9", "resnet18"],
         seeds=[0],
-        max_concurrent_trials=2,
+        max_concurrent_trials=1,
         resources={"cpu": 1, "gpu": 0},
         **sweep,
     )

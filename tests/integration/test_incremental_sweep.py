@@ -99,9 +99,11 @@ def test_adding_seeds_and_variants_trains_only_the_new_trials(project: Project, 
     assert again["trained"] == [] and len(again["reused"]) == 6
     assert again["parent"].data.tags["tune.trials_trained"] == "0"
 
-    params["train"]["lr"] = 0.06  # a value every trial depends on: all retrain
-    fourth = tune(project, params)
-    assert len(fourth["trained"]) == 6 and fourth["reused"] == []
+    params["train"]["lr"] = 0.06  # a value every trial depends on: all retrain (the plan the stage would run)
+    project.write_params(params)
+    dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout
+    plans = [line for line in dry.splitlines() if line.startswith(tuple(f"{v} " for v in params["sweep"]["variants"]))]
+    assert len(plans) == 6 and all(line.endswith(" train") for line in plans), dry
 
 
 def test_a_killed_trial_resumes_when_the_sweep_grows(project: Project, project_params: dict) -> None:

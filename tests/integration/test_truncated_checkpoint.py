@@ -5,6 +5,7 @@ killed copy) resumes from the older checkpoint Tune kept beside it, and says so 
 from __future__ import annotations
 
 import json
+import signal
 from typing import TYPE_CHECKING
 
 import pytest
@@ -30,7 +31,9 @@ def test_a_truncated_newest_checkpoint_is_skipped_on_restore_with_a_warning(
     project.write_params(project_params)
     params = load_params(project.path / "params.yaml")
     path = project.path / "results/ray" / experiment_name(params, prepared_data_hash(params, project.path))
-    returncode, output = project.interrupt_tune(path, 2)  # Ctrl-C once the third epoch's checkpoint is saved
+    # SIGTERM (a scheduler preempting the job; Ctrl-C is test_tune_pipeline.py's) once the third epoch's checkpoint
+    # is saved: the stage stops as for Ctrl-C, and the restore below is the one a preempted job's next run makes.
+    returncode, output = project.interrupt_tune(path, 2, signal.SIGTERM)
     assert returncode == 130, output[-3000:]
     [trial] = [d for d in path.iterdir() if d.is_dir() and list(d.glob("checkpoint_*"))]
     *older, newest = sorted(trial.glob("checkpoint_*"))
