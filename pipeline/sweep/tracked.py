@@ -235,7 +235,8 @@ def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> li
     records = []
     for result in results:
         trial_id = result.metrics.get("trial_id") or Path(result.path).name
-        if result.config is None:  # still PENDING when the run stopped (Ctrl-C): never started, has no run
+        config = result.config if result.config is not None else callback.failed_config(Path(result.path).name)
+        if config is None:  # still PENDING when the run stopped (Ctrl-C): never started, has no run
             records.append(TrialRecord(trial_id, None, None, "", -1, INTERRUPTED, 0, {}, None, None))
             continue
         if runs is None:
@@ -245,12 +246,12 @@ def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> li
             outcome = label if label in (FINISHED, EARLY_STOPPED, ERROR) else INTERRUPTED
         else:
             # A trial that failed before its first report has no trial_id in its metrics; its run is still tagged.
-            found = runs.get(trial_id) or by_variant_seed.get((result.config["variant"], str(result.config["seed"])))
+            found = runs.get(trial_id) or by_variant_seed.get((config["variant"], str(config["seed"])))
             run = (found.info.run_id, found.info.run_name, found.data.tags) if found is not None else None
             outcome = trial_outcome(found)
-        status = ERROR if result.error is not None or callback.failed_for_good(result.config) else outcome
+        status = ERROR if result.error is not None or callback.failed_for_good(config) else outcome
         checkpoint = str(callback.location_of(result.checkpoint.path)) if result.checkpoint is not None else None
-        variant, seed = result.config["variant"], int(result.config["seed"])
+        variant, seed = config["variant"], int(config["seed"])
         records.append(trial_record(trial_id, run, variant, seed, status, result.metrics, checkpoint))
     return records
 

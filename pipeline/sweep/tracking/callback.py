@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
@@ -442,7 +442,13 @@ class MlflowTrialCallback(Callback):
 
     def _count_failure(self, trial: Any, final: bool) -> None:
         variant, seed = trial.config.get("variant"), trial.config.get("seed")
-        blank = {"trial": f"{variant} seed {seed}", "config": dict(trial.config), "failures": [], "final": False}
+        blank = {
+            "trial": f"{variant} seed {seed}",
+            "config": dict(trial.config),
+            "folder": PurePosixPath(str(trial.path)).name,  # the trial's folder, as its result names it
+            "failures": [],
+            "final": False,
+        }
         known = self.failed_attempts.setdefault(trial.trial_id, blank)
         known["failures"].append(last_failure(trial))
         known["final"] = final
@@ -451,6 +457,13 @@ class MlflowTrialCallback(Callback):
         """Whether Tune ended the trial of ``config`` as failed, its retries spent: also a trial whose every attempt
         died before its first report, whose error Tune's results do not show (no error file in its storage folder)."""
         return any(known["final"] and known["config"] == config for known in self.failed_attempts.values())
+
+    def failed_config(self, folder: str) -> dict[str, Any] | None:
+        """The config of the trial in ``folder`` (its storage folder's name) if Tune ended it as failed: a result
+        without a config (every attempt killed before the trial wrote one, e.g. by Ray's memory monitor while its actor
+        was constructed) is then a failed trial, not one still pending when the sweep stopped."""
+        found = (k["config"] for k in self.failed_attempts.values() if k["final"] and k["folder"] == folder)
+        return next(found, None)
 
     def failure_summary(self) -> list[str]:
         """One line per trial that lost attempts in this run: how many, whether it was retried, the last reason."""
