@@ -181,7 +181,7 @@ def test_an_outage_stalls_no_epoch_and_loses_nothing(
     ends while the server is down, epochs reaching the driver about as fast as before the outage (the first failed
     write hands over to the buffer in seconds, not after the client's retries); the server comes back before the
     stage gives up: everything buffered is replayed in order, each epoch once, exit 0."""
-    epochs = 14
+    epochs = 24  # enough left after epoch 4 that a rate during the outage is measured on a loaded machine too
     project.dvc("repro", "prepare")
     path = _sweep(project, project_params, server, seeds=[11], epochs=epochs)
     stage = _start_tune(project, budget={})
@@ -192,10 +192,11 @@ def test_an_outage_stalls_no_epoch_and_loses_nothing(
         _wait_for(lambda: _reported(path) >= epochs, stage, "the last epoch while down")
         ended = time.monotonic() + 0.1
     before, during = _rate(samples, started, killed), _rate(samples, killed, ended)
+    at_kill = max((n for t, n in samples if t <= killed), default=0)
     print(f"epochs/s reaching the driver: {before:.2f} before the outage, {during:.2f} during it")
     # Unloaded here: 1.97 before, 2.52 during; a stalled loop (MLflow's retries) delivers none for minutes. A quarter
     # leaves room for a machine loaded by other jobs (0.93 vs 0.56 seen) without hiding a stall.
-    assert during >= 0.25 * before, (before, during)
+    assert during >= 0.25 * before, (before, during, f"{at_kill} of {epochs} epochs reported at the kill")
     server.start()
     output, _ = stage.communicate(timeout=240)
     assert stage.returncode == 0, output[-3000:]
