@@ -44,9 +44,9 @@ baseline: repro  ## refresh the committed reference metrics from this run (on a 
 	@git diff --cached --stat -- $(BASELINE)
 	@echo "staged the reference metrics: commit them (git commit -m 'baseline: <what changed>')"
 
-# Two pytest-xdist workers: the tests of one session's real tools (the local Ray and the shared project; the two-node
-# cluster) stay together in one worker (tests/conftest.py), the other tests fill in around them (TEST_WORKERS=0: one
-# process, as `.venv/bin/pytest` alone runs them).
+# Two pytest-xdist workers: the tests that share real tools stay together in one worker (tests/conftest.py): the
+# integration tests in two groups (each with its own local Ray, MLflow server and project copy), the two-node cluster
+# in one; the other tests fill in around them (TEST_WORKERS=0: one process, as `.venv/bin/pytest` alone runs them).
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 

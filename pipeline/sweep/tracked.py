@@ -235,7 +235,8 @@ def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> li
     records = []
     for result in results:
         trial_id = result.metrics.get("trial_id") or Path(result.path).name
-        config = result.config if result.config is not None else callback.failed_config(Path(result.path).name)
+        failed = callback.failed_config(Path(result.path).name)  # Tune ended it as failed, retries spent
+        config = result.config if result.config is not None else failed
         if config is None:  # still PENDING when the run stopped (Ctrl-C): never started, has no run
             records.append(TrialRecord(trial_id, None, None, "", -1, INTERRUPTED, 0, {}, None, None))
             continue
@@ -249,7 +250,7 @@ def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> li
             found = runs.get(trial_id) or by_variant_seed.get((config["variant"], str(config["seed"])))
             run = (found.info.run_id, found.info.run_name, found.data.tags) if found is not None else None
             outcome = trial_outcome(found)
-        status = ERROR if result.error is not None or callback.failed_for_good(config) else outcome
+        status = ERROR if result.error is not None or failed is not None else outcome
         checkpoint = str(callback.location_of(result.checkpoint.path)) if result.checkpoint is not None else None
         variant, seed = config["variant"], int(config["seed"])
         records.append(trial_record(trial_id, run, variant, seed, status, result.metrics, checkpoint))

@@ -453,15 +453,12 @@ class MlflowTrialCallback(Callback):
         known["failures"].append(last_failure(trial))
         known["final"] = final
 
-    def failed_for_good(self, config: dict[str, Any]) -> bool:
-        """Whether Tune ended the trial of ``config`` as failed, its retries spent: also a trial whose every attempt
-        died before its first report, whose error Tune's results do not show (no error file in its storage folder)."""
-        return any(known["final"] and known["config"] == config for known in self.failed_attempts.values())
-
     def failed_config(self, folder: str) -> dict[str, Any] | None:
-        """The config of the trial in ``folder`` (its storage folder's name) if Tune ended it as failed: a result
-        without a config (every attempt killed before the trial wrote one, e.g. by Ray's memory monitor while its actor
-        was constructed) is then a failed trial, not one still pending when the sweep stopped."""
+        """The config of the trial in ``folder`` (its storage folder's name) if Tune ended it as failed, its retries
+        spent; None otherwise. Also for a trial whose every attempt died before its first report: its error is not in
+        Tune's results (no error file in its storage folder) and its result has no config (every attempt killed before
+        the trial wrote one, e.g. by Ray's memory monitor while its actor was constructed): a failed trial, not one
+        still pending when the sweep stopped."""
         found = (k["config"] for k in self.failed_attempts.values() if k["final"] and k["folder"] == folder)
         return next(found, None)
 

@@ -385,6 +385,6 @@ def test_lost_attempts_are_summed_up_per_trial_with_the_last_reason(client, tmp_
         "v seed 2: 2 failed attempts, no retry left (last: pipeline.trial.trainable.InjectedFailure: failing once "
         "after epoch 1)",
     ]
-    assert callback.failed_for_good({"variant": "v", "seed": 2}) and not callback.failed_for_good(retried.config)
-    # Its result has no config (no report): found by its folder, it is a failed trial, not a pending one.
-    assert callback.failed_config("t-dead") == dead.config and callback.failed_config("t-retried") is None
+    # Failed for good, found by its folder (its result has no config: no report): a failed trial, not a pending one.
+    assert callback.failed_config("t-dead") == {"variant": "v", "seed": 2}
+    assert callback.failed_config("t-retried") is None
