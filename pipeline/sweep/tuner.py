@@ -95,8 +95,13 @@ def build_tuner(
     reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")
-    # The trial with its run's system metrics sampled in the worker (tracking/system_metrics.py); named as before.
-    target = MetricsTarget(callback.parent.tracking_uri, callback.parent.experiment_id)
+    # The trial with its run's system metrics sampled in the worker (tracking/system_metrics.py) unless the params
+    # switch them off; named as before.
+    target = (
+        MetricsTarget(callback.parent.tracking_uri, callback.parent.experiment_id)
+        if params.tracking.system_metrics
+        else None
+    )
     trainable = tune.with_parameters(
         train_with_system_metrics, data=data, params_json=params_json, code_version=code_hash(), system_metrics=target
     )

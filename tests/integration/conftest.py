@@ -164,9 +164,13 @@ def project(tmp_path_factory: pytest.TempPathFactory, ray_address: str, mlflow_s
 @pytest.fixture
 def project_params(project: Project) -> Iterator[dict]:
     """The shared project's params, to edit and ``project.write_params``; put back after the test, so tests that
-    change the sweep pass in any order."""
+    change the sweep pass in any order. Without system metrics (``tracking.system_metrics``): each Ray worker would
+    import MLflow's monitor for them, 0.4-1.1 CPU-s, and only the smoke sweep (test_tune_pipeline.py, on the
+    committed params) and the outage tests check them."""
     original = (project.path / "params.yaml").read_text()
+    params = project.read_params()
+    params["tracking"]["system_metrics"] = False
     try:
-        yield project.read_params()
+        yield params
     finally:
         (project.path / "params.yaml").write_text(original)

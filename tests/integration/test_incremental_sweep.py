@@ -70,6 +70,9 @@ def test_adding_seeds_and_variants_trains_only_the_new_trials(project: Project, 
     params["sweep"].update(variants=["sa_quadratic_9", "resnet18"], seeds=[0], fail_once_after_epoch=None)
     first = tune(project, params)
     assert first["trained"] == [("resnet18", 0), ("sa_quadratic_9", 0)] and first["reused"] == []
+    for trial in first["manifest"]["trials"]:  # tracking.system_metrics is off here (project_params): none sampled
+        run = first["client"].get_run(trial["run_id"])
+        assert not [key for key in run.data.metrics if key.startswith("system/")] and "host.cpu" not in run.data.tags
 
     params["sweep"]["seeds"] = [0, 1]
     second = tune(project, params)

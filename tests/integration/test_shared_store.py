@@ -72,7 +72,7 @@ def _copies(project: Project, tmp_path: Path, uri: str, experiment: str) -> list
         copy = Project(path, project.env)
         params = tiny_params()
         params["sweep"].update(SHARED_TRIALS)
-        copy.write_params({**params, "tracking": {"uri": uri, "experiment": experiment}})
+        copy.write_params({**params, "tracking": {"uri": uri, "experiment": experiment, "system_metrics": False}})
         copy.run("python", "-m", "stages.prepare")
         copies.append(copy)
     return copies
