@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -20,24 +20,22 @@ from pipeline.sweep.tracking.tags import git_commit
 from tests.cluster.conftest import ClusterProject, TwoNodeCluster, tiny_cluster_params
 from tests.integration.conftest import MlflowServer, mlflow_server  # noqa: F401 (the fixture, for this folder too)
 
+if TYPE_CHECKING:
+    from tests.conftest import Bucket
+
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("storage", ["shared folder", "bucket"])
 def test_the_sweep_submitted_as_a_job(
     cluster: TwoNodeCluster,
     cluster_project: ClusterProject,
     mlflow_server: MlflowServer,  # noqa: F811 (the fixture imported above)
     tmp_path: Path,
-    storage: str,
-    request: pytest.FixtureRequest,
 ) -> None:
+    """Storage in a folder both nodes see (one machine); the next test's job checkpoints into a bucket."""
     params = tiny_cluster_params(uri=mlflow_server.uri)
-    bucket = request.getfixturevalue("bucket") if storage == "bucket" else None
-    # One experiment each: the sweep's identity does not depend on its storage, so the other's runs would be reused.
-    params["tracking"]["experiment"] = "it-cluster-job-bucket" if bucket else "it-cluster-job"
-    # A folder both nodes see (one machine), or a bucket on the S3-compatible test server.
-    params["sweep"]["storage_path"] = bucket.uri("ray") if bucket else str(tmp_path / "shared-ray")
+    params["tracking"]["experiment"] = "it-cluster-job"
+    params["sweep"]["storage_path"] = str(tmp_path / "shared-ray")
     # Trials outlast a worker process starting on the other node on a busy machine (else Tune reuses the finished
     # trial's actor on the head for the second trial, and both run there).
     params["train"]["epochs"] = 3
@@ -74,9 +72,6 @@ def test_the_sweep_submitted_as_a_job(
     assert {run.info.run_id for run in children} == {t["run_id"] for t in manifest["trials"]}
     assert {run.data.tags["git_commit"] for run in children} == {expected_commit}
     assert {run.data.tags["ray.node_id"] for run in children} == {cluster.head.node_id, cluster.worker.node_id}
-    if bucket is not None:  # the job's trials checkpointed into the bucket, and the manifest names them there
-        assert manifest["ray_experiment_path"] == bucket.uri(f"ray/{expected_name}")
-        assert sum(key.endswith("checkpoint_000002/checkpoint.pt") for key in bucket.keys("ray")) == 2
 
 
 def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
@@ -84,12 +79,14 @@ def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
     cluster_project: ClusterProject,
     mlflow_server: MlflowServer,  # noqa: F811 (the fixture imported above)
     tmp_path: Path,
+    bucket: Bucket,
 ) -> None:
     """Ctrl-C on the workstation stops the job as Ctrl-C stops a local run (its runs closed, nothing RUNNING); the
-    next submission resumes the same runs from their checkpoints, each epoch logged once."""
+    next submission resumes the same runs from their checkpoints in a bucket (on the S3-compatible test server, which
+    the workstation never reads), each epoch logged once, and the manifest names them there."""
     params = tiny_cluster_params(uri=mlflow_server.uri)
     params["tracking"]["experiment"] = "it-cluster-job-stop"
-    params["sweep"]["storage_path"] = str(tmp_path / "shared-ray")
+    params["sweep"]["storage_path"] = bucket.uri("ray")
     params["train"]["epochs"] = 3
     cluster_project.write_params(params)
     env = cluster.driver_env(RAY_ADDRESS=None, RAY_API_SERVER_ADDRESS=cluster.head.dashboard)
@@ -123,6 +120,8 @@ def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
     assert second.returncode == 0, f"{second.stdout[-3000:]}\n{second.stderr[-5000:]}"
     manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
     assert {t["status"] for t in manifest["trials"]} == {"finished"}
+    assert manifest["ray_experiment_path"] == bucket.uri(f"ray/{manifest['experiment_name']}")
+    assert sum(key.endswith("checkpoint_000002/checkpoint.pt") for key in bucket.keys("ray")) == 2
     resumed = _epochs_by_run(client, "it-cluster-job-stop")
     assert set(resumed) == {t["run_id"] for t in manifest["trials"]} >= set(stopped)  # the same runs, continued
     assert all(steps == [1, 2, 3] for steps in resumed.values()), resumed  # none lost, none twice
