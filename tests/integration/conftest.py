@@ -6,6 +6,7 @@ stages.tune``) that attaches to the session's Ray through ``RAY_ADDRESS`` and lo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -172,5 +174,60 @@ def project_params(project: Project) -> Iterator[dict]:
     params["tracking"]["system_metrics"] = False
     try:
         yield params
+    finally:
+        (project.path / "params.yaml").write_text(original)
+
+
+STUDY_EPOCHS = 2  # each trial's
+STUDY_PRUNE_EPOCHS = 2  # the pruned model's fine-tuning
+
+
+@pytest.fixture(scope="session")
+def study(project: Project) -> dict:
+    """One `dvc repro` (prepare, tune, prune, analyze) of a study beyond the paper, for the tests that only read it
+    (test_study_grid.py, test_prune_pipeline.py): the paper's generalized model (pruned: half the heads of each
+    layer, then fine-tuned) and ResNet18, a variant the paper does not have (`sa_quadratic_4`, hidden 24) and a
+    two-axis grid (encoding x heads, 2 x 2). The dry runs, outputs and params as that run left them (later tests
+    re-run the stages on other params); the project's params are put back."""
+    params = project.read_params()
+    original = (project.path / "params.yaml").read_text()
+    params["variants"] = {
+        "sa_generalized_9": {"arch": "sa", "encoding": "generalized_quadratic", "heads": 9},
+        "sa_quadratic_4": {"arch": "sa", "encoding": "quadratic", "heads": 4, "hidden": 24},
+        "resnet18": {"arch": "resnet18"},
+    }
+    params["grid"] = {"sa": {"arch": "sa", "axes": {"encoding": ["quadratic", "learned"], "heads": [1, 2]}}}
+    params["train"]["epochs"] = STUDY_EPOCHS
+    # Seed 31: no other test trains it, so no trial here is reused by another test's sweep (or reuses one) in the
+    # shared store, whatever the order the tests run in.
+    params["sweep"].update(
+        variants=["sa_generalized_9", "sa_quadratic_4", "sa", "resnet18"], seeds=[31], fail_once_after_epoch=None
+    )
+    prune = {"variants": None, "mode": "fraction", "fraction": 0.5, "epochs": STUDY_PRUNE_EPOCHS}
+    params["prune"] = {**params["prune"], **prune}
+    project.write_params(params)
+    try:
+        dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout
+        project.dvc("repro")
+        prune_dry = project.run("python", "-m", "stages.prune", "--dry-run").stdout
+        plots = json.loads(project.dvc("plots", "show", "--json").stdout)["data"]
+        results = project.path / "results"
+        return {
+            "params": params,
+            "dry_run": dry,
+            "prune_dry_run": prune_dry,
+            "tune": json.loads((results / "tune/manifest.json").read_text()),
+            "prune": json.loads((results / "prune/manifest.json").read_text()),
+            "prune_metrics": json.loads((results / "prune/metrics.json").read_text()),
+            "table": pd.read_csv(results / "tables/accuracy.csv").set_index("variant"),
+            "markdown": (results / "tables/accuracy.md").read_text(),
+            "metrics": json.loads((results / "analysis/metrics.json").read_text()),
+            "figures": sorted(p.name for p in (results / "figures").glob("*.png")),
+            "accuracy": pd.read_csv(results / "plots/accuracy.csv"),
+            "locality": pd.read_csv(results / "plots/locality.csv"),
+            "conv_like": pd.read_csv(results / "tables/conv_like_heads.csv"),
+            "report": (results / "report.md").read_text(),
+            "plots": plots,
+        }
     finally:
         (project.path / "params.yaml").write_text(original)

@@ -1,7 +1,6 @@
-"""`dvc repro prune` on the tiny profile with a generalized-quadratic model: a real Ray, MLflow server and DVC.
-
-The sweep trains sa_generalized_9 (2 epochs), the prune stage cuts half the heads of every layer (fraction mode),
-evaluates the pruned model and fine-tunes it as a Tune trial; then the refusals that must come before Ray starts.
+"""The prune stage on the session's study (``study`` in conftest.py: its `dvc repro` trains the generalized-quadratic
+model, cuts half the heads of every layer (fraction mode), evaluates the pruned model and fine-tunes it as a Tune
+trial); then a grown sweep, and the refusals that must come before Ray starts.
 """
 
 from __future__ import annotations
@@ -13,33 +12,24 @@ from typing import TYPE_CHECKING
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.integration.conftest import STUDY_PRUNE_EPOCHS as EPOCHS
+
 if TYPE_CHECKING:
     from conftest import Project
 
 pytestmark = pytest.mark.slow
-EPOCHS = 2
 
 
 @pytest.fixture(scope="module")
-def pruned(project: Project) -> dict:
-    params = project.read_params()
-    original = (project.path / "params.yaml").read_text()
-    params["sweep"].update(variants=["sa_generalized_9"], fail_once_after_epoch=None)
-    params["prune"] = {**params["prune"], "mode": "fraction", "fraction": 0.5, "epochs": EPOCHS, "variants": None}
-    project.write_params(params)
-    try:
-        done = project.dvc("repro", "prune")
-        dry = project.run("python", "-m", "stages.prune", "--dry-run")
-        return {
-            "output": done.stdout + done.stderr,
-            "dry_run": dry.stdout,
-            "manifest": json.loads((project.path / "results/prune/manifest.json").read_text()),
-            "tune": json.loads((project.path / "results/tune/manifest.json").read_text()),
-            "metrics": json.loads((project.path / "results/prune/metrics.json").read_text()),
-            "params": params,
-        }
-    finally:
-        (project.path / "params.yaml").write_text(original)
+def pruned(study: dict) -> dict:
+    """What the study's prune stage wrote and planned, and the study's params."""
+    return {
+        "dry_run": study["prune_dry_run"],
+        "manifest": study["prune"],
+        "tune": study["tune"],
+        "metrics": study["prune_metrics"],
+        "params": study["params"],
+    }
 
 
 def test_prune_manifest_names_finished_fine_tuning_runs(pruned: dict) -> None:
@@ -47,7 +37,8 @@ def test_prune_manifest_names_finished_fine_tuning_runs(pruned: dict) -> None:
     client = MlflowClient(manifest["tracking_uri"])
     parent = client.get_run(manifest["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.info.run_name.startswith("prune ")
-    assert 'sweep.variants=["sa_generalized_9"]' in parent.info.run_name  # what differs from the committed params
+    assert parent.info.run_name.startswith("prune grid.sa.arch=sa, ")  # what differs from the committed params
+    assert parent.data.params["prune.fraction"] == "0.5"
     assert (
         manifest["experiment_name"].startswith("prune-")
         and manifest["experiment_id"] == pruned["tune"]["experiment_id"]
@@ -96,12 +87,13 @@ def test_pruned_model_is_smaller_and_recorded_with_its_decisions(pruned: dict) -
 
 
 def test_a_grown_sweep_prunes_and_fine_tunes_only_its_new_model(pruned: dict, project: Project) -> None:
-    """Seed 0's fine-tuning run is reused; its source checkpoint's Ray copy is moved away meanwhile, so the prune
-    stage plans from the copy it downloads through MLflow (put back afterwards, for the other tests)."""
+    """The generalized model alone, with a second seed: seed 31's fine-tuning run (the study's) is reused; its source
+    checkpoint's Ray copy is moved away meanwhile, so the prune stage plans from the copy it downloads through MLflow
+    (put back afterwards, for the other tests)."""
     params = json.loads(json.dumps(pruned["params"]))
-    params["sweep"]["seeds"] = [0, 1]
+    params["sweep"].update(variants=["sa_generalized_9"], seeds=[31, 32])
     original = (project.path / "params.yaml").read_text()
-    [source] = pruned["tune"]["trials"]
+    [source] = [t for t in pruned["tune"]["trials"] if t["variant"] == "sa_generalized_9"]
     ray_copy = project.path / source["checkpoint_dir"]
     ray_copy.rename(ray_copy.with_name("moved-away"))
     project.write_params(params)
@@ -114,10 +106,10 @@ def test_a_grown_sweep_prunes_and_fine_tunes_only_its_new_model(pruned: dict, pr
     assert "downloading its checkpoint from MLflow" in done.stderr + done.stdout
     by_seed = {m["seed"]: m for m in manifest["models"]}
     [before] = pruned["manifest"]["models"]
-    assert by_seed[0]["reused"] and by_seed[0]["run_id"] == before["run_id"]  # seed 0: its fine-tuning run, reused
-    assert by_seed[0]["acc_after_pruning"] == pytest.approx(before["acc_after_pruning"])
-    assert by_seed[0]["acc_after_finetune"] == pytest.approx(before["acc_after_finetune"])
-    assert not by_seed[1]["reused"] and by_seed[1]["status"] == "finished"
+    assert by_seed[31]["reused"] and by_seed[31]["run_id"] == before["run_id"]  # its fine-tuning run, reused
+    assert by_seed[31]["acc_after_pruning"] == pytest.approx(before["acc_after_pruning"])
+    assert by_seed[31]["acc_after_finetune"] == pytest.approx(before["acc_after_finetune"])
+    assert not by_seed[32]["reused"] and by_seed[32]["status"] == "finished"
     client = MlflowClient(manifest["tracking_uri"])
     for model in manifest["models"]:  # one fine-tuning run per pruned model's identity
         assert len(client.search_runs([manifest["experiment_id"]], f"tags.trial_key = '{model['prune_key']}'")) == 1
@@ -148,8 +140,8 @@ def test_a_stale_tune_manifest_is_refused_before_ray(pruned: dict, project: Proj
     assert "ray" not in done.stderr.lower().split("stale")[0]  # refused before Ray started
 
 
-def test_pruning_the_learned_encoding_is_refused(pruned: dict, project: Project) -> None:
-    params = json.loads(json.dumps(pruned["params"]))
+def test_pruning_the_learned_encoding_is_refused(project: Project) -> None:
+    params = project.read_params()
     params["sweep"]["variants"] = ["sa_generalized_9", "sa_learned_9"]
     params["prune"]["variants"] = ["sa_learned_9"]
     done = _refused(project, params)

@@ -1,14 +1,13 @@
 """A study beyond the paper through `dvc repro` (prepare, tune, prune, analyze) with the real Ray, MLflow and DVC.
 
-The shared tiny project swept over the paper's generalized model (pruned by the prune stage) and ResNet18, a variant
-the paper does not have (`sa_quadratic_4`, hidden 24) and a two-axis grid (encoding x heads, 2 x 2). Every variant
-must reach the dry run, the table, metrics.json, the figures, the plot data (one series each in `dvc plots`) and the
-report, with the paper's rows as the paper has them; every self-attention run charts its locality per epoch in MLflow.
+The session's study (``study`` in conftest.py: the paper's generalized model, pruned, and ResNet18, a variant the
+paper does not have and a two-axis grid). Every variant must reach the dry run, the table, metrics.json, the
+figures, the plot data (one series each in `dvc plots`) and the report, with the paper's rows as the paper has them;
+every self-attention run charts its locality per epoch in MLflow.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 from typing import TYPE_CHECKING
 
@@ -18,55 +17,16 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.measure.reference import PAPER_FIGURES
 from pipeline.trial.report import LOCALITY_METRICS, locality_key
+from tests.integration.conftest import STUDY_EPOCHS as EPOCHS
+from tests.integration.conftest import STUDY_PRUNE_EPOCHS
 
 if TYPE_CHECKING:
     from conftest import Project
 
 pytestmark = pytest.mark.slow
-EPOCHS = 2
 GRID = ["sa_quadratic_heads1", "sa_quadratic_heads2", "sa_learned_heads1", "sa_learned_heads2"]
 ATTENTION = ["sa_generalized_9", "sa_quadratic_4", *GRID]
 SWEPT = [*ATTENTION, "resnet18"]
-
-
-@pytest.fixture(scope="module")
-def study(project: Project) -> dict:
-    params = project.read_params()
-    original = (project.path / "params.yaml").read_text()
-    params["variants"] = {
-        "sa_generalized_9": {"arch": "sa", "encoding": "generalized_quadratic", "heads": 9},
-        "sa_quadratic_4": {"arch": "sa", "encoding": "quadratic", "heads": 4, "hidden": 24},
-        "resnet18": {"arch": "resnet18"},
-    }
-    params["grid"] = {"sa": {"arch": "sa", "axes": {"encoding": ["quadratic", "learned"], "heads": [1, 2]}}}
-    params["train"]["epochs"] = EPOCHS
-    # Seed 31: no other test trains it, so no trial here is reused by another test's sweep (or reuses one) in the
-    # shared store, whatever the order the tests run in.
-    params["sweep"].update(
-        variants=["sa_generalized_9", "sa_quadratic_4", "sa", "resnet18"], seeds=[31], fail_once_after_epoch=None
-    )
-    params["prune"] = {**params["prune"], "variants": None, "mode": "fraction", "fraction": 0.34, "epochs": 1}
-    project.write_params(params)
-    try:
-        dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout
-        project.dvc("repro")
-        plots = json.loads(project.dvc("plots", "show", "--json").stdout)["data"]
-        results = project.path / "results"
-        return {
-            "dry_run": dry,
-            "tune": json.loads((results / "tune/manifest.json").read_text()),
-            "table": pd.read_csv(results / "tables/accuracy.csv").set_index("variant"),
-            "markdown": (results / "tables/accuracy.md").read_text(),
-            "metrics": json.loads((results / "analysis/metrics.json").read_text()),
-            "figures": sorted(p.name for p in (results / "figures").glob("*.png")),
-            "accuracy": pd.read_csv(results / "plots/accuracy.csv"),
-            "locality": pd.read_csv(results / "plots/locality.csv"),
-            "conv_like": pd.read_csv(results / "tables/conv_like_heads.csv"),
-            "report": (results / "report.md").read_text(),
-            "plots": plots,
-        }
-    finally:
-        (project.path / "params.yaml").write_text(original)
 
 
 def test_the_dry_run_lists_the_expanded_grid(study: dict) -> None:
@@ -107,7 +67,8 @@ def test_every_attention_variant_has_its_figures_and_curves(study: dict) -> None
     locality = study["locality"]
     assert set(locality["variant"]) == {*ATTENTION, "sa_generalized_9_pruned"}
     assert sorted(locality[locality["variant"] == "sa_learned_heads2"]["epoch"].unique()) == [0, 1, 2]
-    assert locality[locality["variant"] == "sa_generalized_9_pruned"]["epoch"].tolist() == [EPOCHS, EPOCHS + 1]
+    fine_tuned = list(range(EPOCHS, EPOCHS + STUDY_PRUNE_EPOCHS + 1))  # right after pruning, then each epoch
+    assert locality[locality["variant"] == "sa_generalized_9_pruned"]["epoch"].tolist() == fine_tuned
     assert set(study["conv_like"]["variant"]) == {*ATTENTION, "sa_generalized_9_pruned"}
     for label in study["table"]["model"]:
         assert label in study["report"]
