@@ -55,7 +55,7 @@ def test_a_diverging_trial_fails_once_and_says_what_to_change(project: Project, 
     lr 10 on the 8x8 digits; the self-attention model already at 3)."""
     project.dvc("repro", "prepare")
     project_params["train"].update(lr=5.0, epochs=2)
-    project_params["sweep"].update(max_failures=2, fail_once_after_epoch=None)
+    project_params["sweep"].update(max_failures=1, fail_once_after_epoch=None)  # each attempt starts a Ray worker
     project.write_params(project_params)
     done = _tune(project)
     output = done.stdout + done.stderr
@@ -73,7 +73,7 @@ def test_a_diverging_trial_fails_once_and_says_what_to_change(project: Project, 
     assert run.data.tags["mlflow.note.content"].startswith("Failed once, not retried")
     # Trained once: Tune's retries re-raised the recorded failure without training (the DivergedError is raised once).
     failures = next(_experiment_dir(project).glob("*/error.txt")).read_text().split("Failure # ")[1:]
-    assert ["DivergedError" in failure for failure in failures] == [True, False, False], failures
+    assert ["DivergedError" in failure for failure in failures] == [True, False], failures
 
 
 def test_results_unwritable_mid_run_ends_with_one_line(project: Project, project_params: dict) -> None:
