@@ -160,21 +160,6 @@ def test_progress_output_reads_at_a_glance(swept: dict, tmp_path: Path) -> None:
     assert len(tune) <= TUNE_LINES_BEFORE // 3, "\n".join(tune)
 
 
-def test_second_repro_does_nothing(swept: dict, project: Project) -> None:
-    project.dvc("repro")  # brings the project up to date whatever ran before (a restore: nothing retrains)
-    done = project.dvc("repro")
-    output = done.stdout + done.stderr
-    assert "didn't change" in output or "up to date" in output
-    assert "Running stage" not in output
-    dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout
-    assert "finished: nothing to train" in dry and "RESTORE" not in dry  # not "the interrupted sweep"
-    for trial in swept["manifest"]["trials"]:
-        assert f"{trial['variant']:<20} {trial['seed']:>4}" in dry
-    rows = {f"{t['variant']:<20} {t['seed']:>4}": t["run_id"] for t in swept["manifest"]["trials"]}
-    for line in dry.splitlines():  # a finished sweep: each trial would reuse its own run, none trains
-        assert not line.startswith(tuple(rows)) or line.endswith(f"reuse run {rows[line[:25]]}"), line
-
-
 def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path) -> None:
     """The runs table, the page `make ui` prints (the trials in model-training mode, best test_acc first, with the
     test_acc column), the parent's run page (summary metrics, description), a child's run page (its dataset and
@@ -235,11 +220,12 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
     assert "@&nbsp;best<" in dom["registered_model"]  # the alias on the best version
 
 
-def test_a_run_compares_against_the_committed_baseline(swept: dict, project: Project) -> None:
+def test_a_run_compares_against_the_committed_baseline_and_a_second_does_nothing(swept: dict, project: Project) -> None:
     """The project commits the default's reference metrics (dvc.yaml's metrics files, no dvc.lock), and the test
     project's commit carries them: with those git-tracked ``cache: false`` outputs DVC runs every stage, a run
-    changes no other tracked file, and ``dvc metrics diff`` / ``dvc exp show`` compare it against the reference."""
-    project.dvc("repro")  # brings the project up to date whatever ran before (nothing retrains)
+    changes no other tracked file, and ``dvc metrics diff`` / ``dvc exp show`` compare it against the reference. A
+    second ``dvc repro`` then runs nothing, and the dry run says every trial would reuse its run."""
+    project.dvc("repro")  # brings the project up to date whatever ran before (a restore: nothing retrains)
     assert yaml.safe_load((project.path / "dvc.lock").read_text())["stages"].keys() == DVC_STAGES.keys()  # all ran
     metrics_files = {path for stage in DVC_STAGES.values() for entry in stage.get("metrics", []) for path in entry}
     committed = set(project.run("git", "ls-files", "--", *metrics_files, "dvc.lock").stdout.split())
@@ -255,6 +241,18 @@ def test_a_run_compares_against_the_committed_baseline(swept: dict, project: Pro
     shown = list(csv.DictReader(io.StringIO(project.dvc("exp", "show", "--csv").stdout)))
     baseline = next(row for row in shown if row["typ"] == "baseline" and row["rev"] != "workspace")  # HEAD
     assert float(baseline["resnet18.test_acc"]) == diff["results/tune/metrics.json"]["resnet18.test_acc"]["old"]
+
+    done = project.dvc("repro")
+    output = done.stdout + done.stderr
+    assert "didn't change" in output or "up to date" in output
+    assert "Running stage" not in output
+    dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout
+    assert "finished: nothing to train" in dry and "RESTORE" not in dry  # not "the interrupted sweep"
+    for trial in swept["manifest"]["trials"]:
+        assert f"{trial['variant']:<20} {trial['seed']:>4}" in dry
+    rows = {f"{t['variant']:<20} {t['seed']:>4}": t["run_id"] for t in swept["manifest"]["trials"]}
+    for line in dry.splitlines():  # a finished sweep: each trial would reuse its own run, none trains
+        assert not line.startswith(tuple(rows)) or line.endswith(f"reuse run {rows[line[:25]]}"), line
 
 
 def test_dvc_exp_run_reruns_only_tune_and_names_its_mlflow_runs(
