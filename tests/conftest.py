@@ -26,6 +26,10 @@ keep_local_ray_on_loopback()
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# An environment with PYTHONDONTWRITEBYTECODE set (CI images often set it) would make every stage run and Ray worker
+# the tests start compile the project's modules from source again, 0.3 CPU-s each in a few hundred processes: they
+# write their bytecode, as on a user's machine (the tests' own process keeps its setting).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # Buckets in tests are served by a local S3-compatible server (``s3``): credentials it accepts, set before any Ray
 # starts so its workers inherit them (as a cluster's nodes get theirs), and the AWS SDK never asks a metadata service.
 for _key, _value in {
