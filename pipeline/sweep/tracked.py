@@ -234,8 +234,9 @@ def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> li
     by_variant_seed = {(run.data.tags.get("variant"), run.data.tags.get("seed")): run for run in (runs or {}).values()}
     records = []
     for result in results:
-        trial_id = result.metrics.get("trial_id") or Path(result.path).name
-        failed = callback.failed_config(Path(result.path).name)  # Tune ended it as failed, retries spent
+        folder = Path(result.path).name
+        trial_id = result.metrics.get("trial_id") or folder
+        failed = callback.failed_config(folder)  # Tune ended it as failed, retries spent
         config = result.config if result.config is not None else failed
         if config is None:  # still PENDING when the run stopped (Ctrl-C): never started, has no run
             records.append(TrialRecord(trial_id, None, None, "", -1, INTERRUPTED, 0, {}, None, None))
