@@ -20,28 +20,15 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def pruned(study: dict) -> dict:
-    """What the study's prune stage wrote and planned, and the study's params."""
-    return {
-        "dry_run": study["prune_dry_run"],
-        "manifest": study["prune"],
-        "tune": study["tune"],
-        "metrics": study["prune_metrics"],
-        "params": study["params"],
-    }
-
-
-def test_prune_manifest_names_finished_fine_tuning_runs(pruned: dict) -> None:
-    manifest = pruned["manifest"]
+def test_prune_manifest_names_finished_fine_tuning_runs(study: dict) -> None:
+    manifest = study["prune"]
     client = MlflowClient(manifest["tracking_uri"])
     parent = client.get_run(manifest["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.info.run_name.startswith("prune ")
     assert parent.info.run_name.startswith("prune grid.sa.arch=sa, ")  # what differs from the committed params
     assert parent.data.params["prune.fraction"] == "0.5"
     assert (
-        manifest["experiment_name"].startswith("prune-")
-        and manifest["experiment_id"] == pruned["tune"]["experiment_id"]
+        manifest["experiment_name"].startswith("prune-") and manifest["experiment_id"] == study["tune"]["experiment_id"]
     )
     [model] = manifest["models"]
     run = client.get_run(model["run_id"])
@@ -59,7 +46,7 @@ def test_prune_manifest_names_finished_fine_tuning_runs(pruned: dict) -> None:
     step0 = next(m.value for m in client.get_metric_history(model["run_id"], "test_acc") if m.step == 0)
     assert step0 == pytest.approx(model["acc_after_pruning"])
     assert run.data.params["train.epochs"] == str(EPOCHS)
-    assert float(run.data.params["train.lr"]) == pytest.approx(0.1 * pruned["params"]["train"]["lr"])
+    assert float(run.data.params["train.lr"]) == pytest.approx(0.1 * study["params"]["train"]["lr"])
     assert run.data.params["prune.pruned_heads.layer1"] == str(model["pruned_heads"][0])
     assert "pruning_decisions.json" in [a.path for a in client.list_artifacts(model["run_id"])]
     versions = client.search_model_versions("name = 'it-sweep.sa_generalized_9_pruned'")
@@ -68,11 +55,11 @@ def test_prune_manifest_names_finished_fine_tuning_runs(pruned: dict) -> None:
     assert len(runs) == 2  # the parent and one child: nothing duplicated
 
 
-def test_pruned_model_is_smaller_and_recorded_with_its_decisions(pruned: dict) -> None:
-    [model] = pruned["manifest"]["models"]
-    heads = pruned["params"]["variants"]["sa_generalized_9"]["heads"]
-    assert model["pruned_heads"] == [heads // 2] * pruned["params"]["model"]["layers"]
-    assert model["heads_per_layer"] == [heads - heads // 2] * pruned["params"]["model"]["layers"]
+def test_pruned_model_is_smaller_and_recorded_with_its_decisions(study: dict) -> None:
+    [model] = study["prune"]["models"]
+    heads = study["params"]["variants"]["sa_generalized_9"]["heads"]
+    assert model["pruned_heads"] == [heads // 2] * study["params"]["model"]["layers"]
+    assert model["heads_per_layer"] == [heads - heads // 2] * study["params"]["model"]["layers"]
     assert model["params_after"] < model["params_before"]
     assert model["flops_after"]["paper"] < model["flops_before"]["paper"]
     assert model["status"] == "finished" and model["epochs_completed"] == EPOCHS
@@ -81,19 +68,20 @@ def test_pruned_model_is_smaller_and_recorded_with_its_decisions(pruned: dict) -
     cut = [d for layer in model["decisions"] for d in layer if d["pruned"]]
     assert len(cut) == sum(model["pruned_heads"]) and all("most degenerate" in d["reason"] for d in cut)
     # What only this stage measures (before pruning is the tune stage's test_acc, sizes the analyze stage's):
-    assert set(pruned["metrics"]["sa_generalized_9_pruned"]) == {"acc_after_pruning", "test_acc", "seeds"}
-    assert "heads cut per layer" in pruned["dry_run"] and f"{model['params_after']:,}" in pruned["dry_run"]
-    assert f"fine-tuning: reuse run {model['run_id']}" in pruned["dry_run"]  # run after the stage: nothing to train
+    assert set(study["prune_metrics"]["sa_generalized_9_pruned"]) == {"acc_after_pruning", "test_acc", "seeds"}
+    dry_run = study["prune_dry_run"]
+    assert "heads cut per layer" in dry_run and f"{model['params_after']:,}" in dry_run
+    assert f"fine-tuning: reuse run {model['run_id']}" in dry_run  # run after the stage: nothing to train
 
 
-def test_a_grown_sweep_prunes_and_fine_tunes_only_its_new_model(pruned: dict, project: Project) -> None:
+def test_a_grown_sweep_prunes_and_fine_tunes_only_its_new_model(study: dict, project: Project) -> None:
     """The generalized model alone, with a second seed: seed 31's fine-tuning run (the study's) is reused; its source
     checkpoint's Ray copy is moved away meanwhile, so the prune stage plans from the copy it downloads through MLflow
     (put back afterwards, for the other tests)."""
-    params = json.loads(json.dumps(pruned["params"]))
+    params = json.loads(json.dumps(study["params"]))
     params["sweep"].update(variants=["sa_generalized_9"], seeds=[31, 32])
     original = (project.path / "params.yaml").read_text()
-    [source] = [t for t in pruned["tune"]["trials"] if t["variant"] == "sa_generalized_9"]
+    [source] = [t for t in study["tune"]["trials"] if t["variant"] == "sa_generalized_9"]
     ray_copy = project.path / source["checkpoint_dir"]
     ray_copy.rename(ray_copy.with_name("moved-away"))
     project.write_params(params)
@@ -105,7 +93,7 @@ def test_a_grown_sweep_prunes_and_fine_tunes_only_its_new_model(pruned: dict, pr
         ray_copy.with_name("moved-away").rename(ray_copy)
     assert "downloading its checkpoint from MLflow" in done.stderr + done.stdout
     by_seed = {m["seed"]: m for m in manifest["models"]}
-    [before] = pruned["manifest"]["models"]
+    [before] = study["prune"]["models"]
     assert by_seed[31]["reused"] and by_seed[31]["run_id"] == before["run_id"]  # its fine-tuning run, reused
     assert by_seed[31]["acc_after_pruning"] == pytest.approx(before["acc_after_pruning"])
     assert by_seed[31]["acc_after_finetune"] == pytest.approx(before["acc_after_finetune"])
@@ -132,8 +120,8 @@ def _refused(project: Project, params: dict) -> subprocess.CompletedProcess:
         (project.path / "params.yaml").write_text(original)
 
 
-def test_a_stale_tune_manifest_is_refused_before_ray(pruned: dict, project: Project) -> None:
-    params = json.loads(json.dumps(pruned["params"]))
+def test_a_stale_tune_manifest_is_refused_before_ray(study: dict, project: Project) -> None:
+    params = json.loads(json.dumps(study["params"]))
     params["train"]["lr"] = 0.05  # the manifest's sweep was trained at another lr
     done = _refused(project, params)
     assert done.returncode == 2 and "stale tune manifest" in done.stderr
