@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tests.conftest import Bucket
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+STOP_EPOCHS = 10  # the Ctrl-C test's trials: long enough that the stop lands mid-sweep
 
 
 def test_the_sweep_submitted_as_a_job(
@@ -87,7 +88,9 @@ def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
     params = tiny_cluster_params(uri=mlflow_server.uri)
     params["tracking"]["experiment"] = "it-cluster-job-stop"
     params["sweep"]["storage_path"] = bucket.uri("ray")
-    params["train"]["epochs"] = 3
+    # A tiny epoch takes about a second and the stop travels workstation -> job server -> job driver -> Tune in a
+    # few: with 3 epochs the job had finished before the stop arrived (seen twice, exit 0 instead of 130).
+    params["train"]["epochs"] = STOP_EPOCHS
     cluster_project.write_params(params)
     env = cluster.driver_env(RAY_ADDRESS=None, RAY_API_SERVER_ADDRESS=cluster.head.dashboard)
     client = MlflowClient(mlflow_server.uri)
@@ -102,14 +105,17 @@ def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
     )
     try:
         deadline = time.monotonic() + 300
-        while not _epochs_by_run(client, "it-cluster-job-stop"):  # a trial has logged an epoch: stop the job
+        # A trial has saved its first epoch in the bucket (the test's own read of the S3 server; polling MLflow's
+        # runs and histories lagged seconds behind on a loaded machine): stop the job.
+        while not [key for key in bucket.keys("ray") if key.endswith("checkpoint_000000/checkpoint.pt")]:
             assert first.poll() is None and time.monotonic() < deadline, _tail(log)
-            time.sleep(0.5)
+            time.sleep(0.2)
         first.send_signal(signal.SIGINT)
         first.wait(timeout=200)
         output = _tail(log)
         assert first.returncode == 130 and "ended STOPPED" in output, output
-        stopped = _epochs_by_run(client, "it-cluster-job-stop")
+        stopped = _trial_runs(client, "it-cluster-job-stop")  # created when their trials started
+        assert stopped, output
         experiment = client.get_experiment_by_name("it-cluster-job-stop").experiment_id
         assert "RUNNING" not in {run.info.status for run in client.search_runs([experiment])}  # closed by the stop
         second = cluster_project.stage(env, "stages.tune", "--submit", timeout=500)
@@ -121,21 +127,28 @@ def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
     manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
     assert {t["status"] for t in manifest["trials"]} == {"finished"}
     assert manifest["ray_experiment_path"] == bucket.uri(f"ray/{manifest['experiment_name']}")
-    assert sum(key.endswith("checkpoint_000002/checkpoint.pt") for key in bucket.keys("ray")) == 2
+    last = f"checkpoint_{STOP_EPOCHS - 1:06d}/checkpoint.pt"
+    assert sum(key.endswith(last) for key in bucket.keys("ray")) == 2
     resumed = _epochs_by_run(client, "it-cluster-job-stop")
     assert set(resumed) == {t["run_id"] for t in manifest["trials"]} >= set(stopped)  # the same runs, continued
-    assert all(steps == [1, 2, 3] for steps in resumed.values()), resumed  # none lost, none twice
-    print(f"stopped with epochs {stopped}; after the resubmission {resumed}")
+    every_epoch = list(range(1, STOP_EPOCHS + 1))
+    assert all(steps == every_epoch for steps in resumed.values()), resumed  # none lost, none twice
+    print(f"stopped runs {stopped}; epochs after the resubmission {resumed}")
+
+
+def _trial_runs(client: MlflowClient, experiment: str) -> list[str]:
+    """The ids of the experiment's trial runs (children of a sweep run)."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    return [r.info.run_id for r in client.search_runs([found.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
 
 
 def _epochs_by_run(client: MlflowClient, experiment: str) -> dict[str, list[int]]:
-    """Per trial run of the experiment (not RUNNING once the job stopped), the epochs it logged."""
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return {}
-    runs = [run for run in client.search_runs([found.experiment_id]) if "mlflow.parentRunId" in run.data.tags]
+    """Per trial run of the experiment, the epochs it logged (runs without any left out)."""
     steps = {
-        run.info.run_id: sorted(m.step for m in client.get_metric_history(run.info.run_id, "test_acc")) for run in runs
+        run: sorted(m.step for m in client.get_metric_history(run, "test_acc"))
+        for run in _trial_runs(client, experiment)
     }
     return {run_id: epochs for run_id, epochs in steps.items() if epochs}
 
