@@ -20,6 +20,8 @@ returns its bias at every token, exactly what the layer computed when all its he
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import Tensor, nn
 
@@ -57,7 +59,14 @@ class MultiHeadSelfAttention(nn.Module):
         probabilities by ~1e-3 and would make precision depend on the encoding.
         """
         device_type = next(self.encoding.parameters()).device.type
-        with torch.autocast(device_type, enabled=False):
+        # Off where autocast exists; a device without it (``meta``: shapes only, as the memory estimate runs the
+        # model) has nothing to turn off.
+        exact = (
+            torch.autocast(device_type, enabled=False)
+            if torch.amp.is_autocast_available(device_type)
+            else nullcontext()
+        )
+        with exact:
             scores = self.encoding.scores(grid)  # (H, N, N), in the encoding's parameter dtype
             return scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1)
 
