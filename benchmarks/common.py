@@ -31,7 +31,7 @@ def synthetic_device_data(
     device: torch.device, n_train: int, n_test: int, generator: torch.Generator, image_size: int = 32
 ) -> DeviceData:
     """Random CIFAR-10-shaped uint8 images and labels in [0, 10), on ``device``, with CIFAR-10's normalisation."""
-    from pipeline.data.sources import CIFAR10_MEAN, CIFAR10_STD
+    from pipeline.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD
     from pipeline.trial.loop import DeviceData
 
     def images(n: int) -> torch.Tensor:

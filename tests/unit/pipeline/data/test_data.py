@@ -13,8 +13,9 @@ import torch
 import yaml
 
 from pipeline.config import DataConfig
+from pipeline.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD
 from pipeline.data.prepared import PreparedData, load_prepared, save_prepared
-from pipeline.data.sources import CIFAR10_MEAN, CIFAR10_STD, channel_stats, prepare_dataset, provenance
+from pipeline.data.sources import channel_stats, prepare_dataset, provenance
 from stages import prepare as prepare_stage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[4]
