@@ -89,8 +89,10 @@ def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
     params["tracking"]["experiment"] = "it-cluster-job-stop"
     params["sweep"]["storage_path"] = bucket.uri("ray")
     # A tiny epoch takes about a second and the stop travels workstation -> job server -> job driver -> Tune in a
-    # few: with 3 epochs the job had finished before the stop arrived (seen twice, exit 0 instead of 130).
+    # few: with 3 epochs at once the job had finished before the stop arrived (seen twice, exit 0 instead of 130).
+    # One trial at a time: the second is still pending when the first has saved its first epoch.
     params["train"]["epochs"] = STOP_EPOCHS
+    params["sweep"]["max_concurrent_trials"] = 1
     cluster_project.write_params(params)
     env = cluster.driver_env(RAY_ADDRESS=None, RAY_API_SERVER_ADDRESS=cluster.head.dashboard)
     client = MlflowClient(mlflow_server.uri)
@@ -110,10 +112,11 @@ def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
         while not [key for key in bucket.keys("ray") if key.endswith("checkpoint_000000/checkpoint.pt")]:
             assert first.poll() is None and time.monotonic() < deadline, _tail(log)
             time.sleep(0.2)
+        signalled = f"SIGINT at {time.strftime('%H:%M:%S')}, the stage {'running' if first.poll() is None else 'ended'}"
         first.send_signal(signal.SIGINT)
         first.wait(timeout=200)
         output = _tail(log)
-        assert first.returncode == 130 and "ended STOPPED" in output, output
+        assert first.returncode == 130 and "ended STOPPED" in output, f"{signalled}:\n{output}"
         stopped = _trial_runs(client, "it-cluster-job-stop")  # created when their trials started
         assert stopped, output
         experiment = client.get_experiment_by_name("it-cluster-job-stop").experiment_id
