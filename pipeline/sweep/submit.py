@@ -28,7 +28,6 @@ import logging
 import os
 import subprocess
 import tempfile
-import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -52,7 +51,6 @@ OUTPUTS_DIR = "dvc_outs"  # artifact folder of the parent run holding the stage'
 SUBMISSION_TAG = "ray.job_submission_id"
 MAX_PACKAGE_BYTES = 500 * 1024**2  # Ray refuses a working_dir over its 512 MiB gRPC limit, late and obscurely
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
-LOG_DRAIN_S = 10.0  # how long an ended job's last log lines may take to print
 # `ray job stop` sends SIGTERM and SIGKILLs 3 s later by default: too soon for Tune to save its state and the stage to
 # close its MLflow runs. The job's supervisor reads these from the job's env_vars: SIGINT (the stage's Ctrl-C), 2 min.
 STOP_LIKE_CTRL_C = {"RAY_JOB_STOP_SIGNAL": "SIGINT", "RAY_JOB_STOP_WAIT_TIME_S": "120"}
@@ -179,38 +177,9 @@ def submit(client: object, package: Path, job: SubmittedJob, params_file: Path, 
     )
 
 
-def follow_job(client: object, submission_id: str, poll_s: float = 1.0) -> str:
+def follow_job(client: object, submission_id: str) -> str:
     """Print the job's log as it comes, until the job ends; return its final status. Ctrl-C stops the job (Tune in
-    it saves its state; a re-submission resumes) and still waits for it to end.
-
-    The log streams in a thread of its own and this (main) thread polls the job's status: Ctrl-C raises here, in
-    plain Python, whatever the stream is doing. With the stream in the main thread's event loop, Ctrl-C went to
-    asyncio's handler, which only cancels the stream's task: in full runs of the cluster tests the stage then sometimes
-    went on printing the log until the job ended, and exited 0."""
-    streaming = threading.Thread(target=_print_job_log, args=(client, submission_id), name="job-log", daemon=True)
-    streaming.start()
-    try:
-        status = _wait_for_end(client, submission_id, poll_s)
-    except KeyboardInterrupt:
-        log.warning("stopping job %s (its trials save their state; submit again to resume)", submission_id)
-        client.stop_job(submission_id)  # type: ignore[attr-defined]
-        status = _wait_for_end(client, submission_id, poll_s)
-    streaming.join(timeout=LOG_DRAIN_S)  # the job's last lines, which may arrive after its status changed
-    return status
-
-
-def _wait_for_end(client: object, submission_id: str, poll_s: float) -> str:
-    while (status := _status(client, submission_id)) not in TERMINAL:
-        time.sleep(poll_s)
-    return status
-
-
-def _status(client: object, submission_id: str) -> str:
-    return str(client.get_job_status(submission_id)).rsplit(".", 1)[-1]  # type: ignore[attr-defined]
-
-
-def _print_job_log(client: object, submission_id: str) -> None:
-    """The job's log on stdout as it comes; a stream that breaks is one warning (the status still says how it ends)."""
+    it saves its state; a re-submission resumes) and still waits for it to end."""
 
     async def tail() -> None:
         async for lines in client.tail_job_logs(submission_id):  # type: ignore[attr-defined]
@@ -218,8 +187,12 @@ def _print_job_log(client: object, submission_id: str) -> None:
 
     try:
         asyncio.run(tail())
-    except Exception as err:  # noqa: BLE001 - the job goes on; its status, polled by follow_job, decides the end
-        log.warning("lost the log of job %s (%s); `ray job logs %s` shows it", submission_id, err, submission_id)
+    except KeyboardInterrupt:
+        log.warning("stopping job %s (its trials save their state; submit again to resume)", submission_id)
+        client.stop_job(submission_id)  # type: ignore[attr-defined]
+    while (status := str(client.get_job_status(submission_id))) not in TERMINAL:  # type: ignore[attr-defined]
+        time.sleep(1)
+    return status.rsplit(".", 1)[-1]
 
 
 def publish_outputs(uri: str, parent_run_id: str, files: list[Path], job: SubmittedJob) -> None:

@@ -3,15 +3,9 @@ the package holds, and how the outputs travel back through a real MLflow store."
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
 import subprocess
-import threading
-import time
 import zipfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +16,6 @@ from pipeline.sweep.submit import (
     SubmittedJob,
     check_submittable,
     fetch_outputs,
-    follow_job,
     job_address,
     package_job,
     publish_outputs,
@@ -145,37 +138,3 @@ def test_outputs_travel_through_the_parent_run(tmp_path: Path) -> None:
     assert [a.path for a in client.list_artifacts(parent, OUTPUTS_DIR)] == [f"{OUTPUTS_DIR}/manifest.json"]
     assert fetch_outputs(uri, "jobs", job.submission_id, tmp_path / "back", ["manifest.json"]) == parent
     assert json.loads((tmp_path / "back" / "manifest.json").read_text()) == {"parent_run_id": parent}
-
-
-class StubbornLogJob:
-    """A running job whose log stream ignores cancellation (as a lost one behaves): Ray's job client's calls that
-    ``follow_job`` makes, recorded."""
-
-    def __init__(self) -> None:
-        self.status, self.calls = "RUNNING", []
-
-    async def tail_job_logs(self, submission_id: str) -> AsyncIterator[str]:
-        while self.status == "RUNNING":
-            try:
-                await asyncio.sleep(0.02)
-            except asyncio.CancelledError:
-                continue
-            yield "a line of the job's log\n"
-
-    def get_job_status(self, submission_id: str) -> str:
-        return f"JobStatus.{self.status}"
-
-    def stop_job(self, submission_id: str) -> bool:
-        self.calls.append(("stop_job", submission_id))
-        self.status = "STOPPED"
-        return True
-
-
-def test_ctrl_c_stops_the_job_whatever_its_log_stream_does(capsys) -> None:
-    job = StubbornLogJob()
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-    started = time.monotonic()
-    assert follow_job(job, "job-1", poll_s=0.05) == "STOPPED"
-    assert job.calls == [("stop_job", "job-1")]
-    assert time.monotonic() - started < 5
-    assert "a line of the job's log" in capsys.readouterr().out  # the log was printed while it ran
