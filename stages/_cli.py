@@ -57,8 +57,13 @@ def _terminate_like_interrupt(signum: int, frame: object) -> None:
 
 
 def run(stage: Callable[[argparse.Namespace, Params], int], args: argparse.Namespace) -> int:
-    """Set up logging, load and validate params, run the stage; expected failures become exit code 2."""
+    """Set up logging, load and validate params, run the stage; expected failures become exit code 2.
+
+    Ctrl-C (SIGINT) and SIGTERM stop every stage the same way, even one started with SIGINT ignored: a shell without
+    job control starts its background jobs so (``dvc repro &`` in a script, a CI step), and such a stage would
+    otherwise ignore ``kill -INT`` and, through ``_terminate_like_interrupt``, SIGTERM too."""
     setup_logging(args.verbose)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate_like_interrupt)
     log = logging.getLogger(f"stages.{Path(sys.argv[0]).stem}")
     try:
