@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tests.conftest import Bucket
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-STOP_EPOCHS = 10  # the Ctrl-C test's trials: long enough that the stop lands mid-sweep
+STOP_EPOCHS = 6  # the Ctrl-C test's trials, one at a time: long enough that the stop lands mid-sweep
 
 
 def test_the_sweep_submitted_as_a_job(
@@ -89,7 +89,7 @@ def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
     params["tracking"]["experiment"] = "it-cluster-job-stop"
     params["sweep"]["storage_path"] = bucket.uri("ray")
     # A tiny epoch takes about a second and the stop travels workstation -> job server -> job driver -> Tune in a
-    # few: 10 epochs, one trial at a time (the second still pending when the first has saved its first epoch), so
+    # few: 6 epochs, one trial at a time (the second still pending when the first has saved its first epoch), so
     # the stop lands mid-sweep however loaded the machine (3 epochs of both trials at once left about 2 s).
     params["train"]["epochs"] = STOP_EPOCHS
     params["sweep"]["max_concurrent_trials"] = 1
