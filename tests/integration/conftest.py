@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -83,6 +83,7 @@ class Project:
 
     path: Path
     env: dict[str, str]
+    started: list[subprocess.Popen] = field(default_factory=list)  # the stages start_tune started, for stop_started
 
     def write_params(self, params: dict) -> None:
         (self.path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -104,7 +105,7 @@ class Project:
     ) -> subprocess.Popen:
         """Start the tune stage (``command``) in the project, with the project's environment or ``env``; its output
         (stdout and stderr together) readable from the returned process."""
-        return subprocess.Popen(
+        stage = subprocess.Popen(
             list(command),
             cwd=self.path,
             env=self.env if env is None else env,
@@ -112,6 +113,22 @@ class Project:
             stderr=subprocess.STDOUT,
             text=True,
         )
+        self.started.append(stage)
+        return stage
+
+    def stop_started(self, timeout_s: float = 60) -> None:
+        """Stop the stages this project started that still run (a test that failed before it waited for its own):
+        SIGTERM, the stage's own clean stop, then SIGKILL. Left running, one holds the project's tune lock and every
+        later test on the shared project fails with 'the tune stage is already running'."""
+        for stage in self.started:
+            if stage.poll() is None:
+                stage.terminate()
+                try:
+                    stage.communicate(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    stage.kill()
+                    stage.communicate()
+        self.started.clear()
 
     def interrupt_tune(
         self, experiment_dir: Path, checkpoint: int, stop: signal.Signals = signal.SIGINT, timeout_s: float = 120
@@ -165,16 +182,17 @@ def project(tmp_path_factory: pytest.TempPathFactory, ray_address: str, mlflow_s
 
 @pytest.fixture
 def project_params(project: Project) -> Iterator[dict]:
-    """The shared project's params, to edit and ``project.write_params``; put back after the test, so tests that
-    change the sweep pass in any order. Without system metrics (``tracking.system_metrics``): each Ray worker would
-    import MLflow's monitor for them, 0.4-1.1 CPU-s, and only the smoke sweep (test_tune_pipeline.py, on the
-    committed params) and the outage tests check them."""
+    """The shared project's params, to edit and ``project.write_params``; put back after the test, with any stage the
+    test started stopped, so tests that change the sweep pass in any order. Without system metrics
+    (``tracking.system_metrics``): each Ray worker would import MLflow's monitor for them, 0.4-1.1 CPU-s, and only the
+    smoke sweep (test_tune_pipeline.py, on the committed params) and the outage tests check them."""
     original = (project.path / "params.yaml").read_text()
     params = project.read_params()
     params["tracking"]["system_metrics"] = False
     try:
         yield params
     finally:
+        project.stop_started()
         (project.path / "params.yaml").write_text(original)
 
 

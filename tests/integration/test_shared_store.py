@@ -80,7 +80,11 @@ def _copies(project: Project, tmp_path: Path, uri: str, experiment: str) -> list
 
 def _tune_together(copies: list[Project]) -> list[str]:
     stages = [copy.start_tune() for copy in copies]
-    outputs = [stage.communicate(timeout=600)[0] for stage in stages]
+    try:
+        outputs = [stage.communicate(timeout=600)[0] for stage in stages]
+    finally:
+        for copy in copies:  # one that timed out would train on, in the next test's time
+            copy.stop_started()
     for stage, output in zip(stages, outputs, strict=True):
         assert stage.returncode == 0, output[-4000:]
     return outputs
