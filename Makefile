@@ -12,7 +12,7 @@ PORT ?= 5000
 # run against. dvc.lock and the manifests are not committed (README, 'The committed baseline', says why).
 BASELINE := results/tune/metrics.json results/prune/metrics.json results/analysis/metrics.json
 
-.PHONY: install lock repro baseline test test-fast lint format describe ui
+.PHONY: install lock repro baseline test test-fast lint format describe ui gpu-wheels
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -71,3 +71,12 @@ ui: $(STAMP)  ## MLflow UI on the project's store at http://127.0.0.1:$(PORT) (l
 	@echo "(Ctrl-C stops the server)"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--host 127.0.0.1 --port $(PORT) --workers 1
+
+# A lent GPU machine has its own Python 3.12 and torch but no pydantic: `benchmarks/gpu_evidence.sh` installs these
+# wheels there (benchmarks/gpu_machine.py lists them; the versions are requirements.lock's). .whl/ is git-ignored.
+gpu-wheels: $(STAMP)  ## download the wheels the GPU evidence carries to a lent GPU machine into .whl/
+	rm -rf .whl && mkdir -p .whl
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $$($(BIN)/python -m benchmarks.gpu_machine)
+	@ls .whl

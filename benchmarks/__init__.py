@@ -1,1 +1,12 @@
-"""Speed, memory and overhead benchmarks (see benchmarks/README.md). Targets live here, never in timed tests."""
+"""Speed, memory and overhead benchmarks (see benchmarks/README.md). Targets live here, never in timed tests.
+
+Scripts (``python -m benchmarks.<name> --help``): ``train_throughput``, ``truncation``, ``gpu_sharing``,
+``train_speed``, ``finding``, ``sweep_scale``, ``trial_end``, ``compile_cost``, ``trial_fixed_cost``,
+``tracking_load``, ``sweep_overhead``, and ``gpu_evidence`` (all of the GPU ones in one command for a lent GPU
+machine; ``gpu_evidence.sh`` runs it there).
+
+Shared by them: ``common`` (synthetic device data, the reduced CPU size, command-line conventions),
+``authors_pattern`` (the authors' way of computing Gaussian attention: the baseline of the GPU speed-up),
+``cifar_archive`` (CIFAR-10 archives in the real format, also for the tests) and ``gpu_machine`` (what a lent GPU
+machine has and which wheels travel to it).
+"""

@@ -11,6 +11,8 @@ Paths (each is tested for equality with ``plain`` in tests/unit):
   optimised   bf16 autocast with fp32 master weights (CUDA; the CPU stays fp32, as train.amp does), eager
   compiled    optimised + torch.compile (compile time reported separately, in the "first s" column)
   truncated   optimised + locality-truncated attention (model.attention_window_eps = --eps); Gaussian models only
+  authors     the authors' computational pattern (``benchmarks.authors_pattern``: 5-D einsums, fp32); Gaussian
+              models only: the baseline our paths are compared with
 
 Every path runs the trainer's own loop (``pipeline.trial.loop.train_one_epoch`` / ``evaluate``): data held on the device
 as uint8, batched on-device augmentation, one host sync per step for the divergence check.
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.authors_pattern import use_authors_pattern
 from benchmarks.common import (
     REDUCED_MODEL,
     check_range,
@@ -49,7 +52,7 @@ from pipeline.trial.checkpoint import Trial
 from pipeline.trial.device import synchronize
 from pipeline.trial.loop import build_optimizer, build_scheduler, evaluate, train_one_epoch
 
-PATHS = ("plain", "optimised", "compiled", "truncated")
+PATHS = ("plain", "optimised", "compiled", "truncated", "authors")
 GAUSSIAN = {"quadratic", "generalized_quadratic"}
 TRAIN_IMAGES, TEST_IMAGES, EPOCHS = 50_000, 10_000, 300
 
@@ -133,16 +136,18 @@ def measure(
     device: torch.device,
     peak: float,
 ) -> Row | None:
+    if path in ("truncated", "authors") and (model_cfg.arch != "sa" or model_cfg.encoding not in GAUSSIAN):
+        return None
     if path == "truncated":
-        if model_cfg.arch != "sa" or model_cfg.encoding not in GAUSSIAN:
-            return None
         model_cfg = model_cfg.model_copy(update={"attention_window_eps": args.eps})
-    amp = torch.bfloat16 if device.type == "cuda" and path != "plain" else None
+    amp = torch.bfloat16 if device.type == "cuda" and path not in ("plain", "authors") else None
     cfg = TrainConfig(batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, crop_padding=4, epochs=1)
     torch.manual_seed(0)
     model = build_model(model_cfg).to(device)
     if args.head_alpha is not None:
         set_gaussian_heads(model, tuple(args.head_alpha), jitter=0.1)
+    if path == "authors":
+        use_authors_pattern(model)
     generator = torch.Generator().manual_seed(0)
     data = synthetic_device_data(device, args.steps * args.batch_size, 2 * args.eval_batch_size, generator)
     flops = count_training_flops(

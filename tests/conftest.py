@@ -6,19 +6,15 @@ any test module imports Ray (see ``pipeline.sweep.session``).
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
-import struct
-import tarfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from benchmarks.cifar_archive import Cifar10Archive, write_cifar10
 from pipeline.sweep.session import keep_local_ray_on_loopback
 
 keep_local_ray_on_loopback()
@@ -39,84 +35,11 @@ for _key, _value in {
 }.items():
     os.environ[_key] = _value
 
-CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-
-
-class _Python2Pickler(pickle._Pickler):
-    """Writes bytes as Python 2 ``str`` opcodes, as the real batches (pickled by Python 2) hold them.
-
-    torchvision unpickles with ``encoding="latin1"``, which turns those into ``str`` keys (``entry["data"]``); Python
-    3's own pickler would write bytes objects that stay ``b"data"`` and the real loader would not find them.
-    """
-
-    dispatch = dict(pickle._Pickler.dispatch)
-
-    def save_py2_str(self, obj: bytes) -> None:
-        if len(obj) < 256:
-            self.write(pickle.SHORT_BINSTRING + bytes([len(obj)]) + obj)
-        else:
-            self.write(pickle.BINSTRING + struct.pack("<i", len(obj)) + obj)
-        self.memoize(obj)
-
-    dispatch[bytes] = save_py2_str
-
-
-def _py2_pickle(obj: object) -> bytes:
-    buffer = io.BytesIO()
-    _Python2Pickler(buffer, protocol=2).dump(obj)
-    return buffer.getvalue()
-
-
-@dataclass(frozen=True)
-class TinyCifar10:
-    archive: Path  # cifar-10-python.tar.gz with top folder cifar-10-batches-py/
-    folder: Path  # the same batches, extracted
-    train_rows: np.ndarray  # uint8 (N, 3072): R plane, G plane, B plane, each 32x32 row-major
-    train_labels: list[int]
-    test_rows: np.ndarray
-    test_labels: list[int]
-    classes: list[str]
-
-
-def write_tiny_cifar10(directory: Path, per_batch: int = 4, seed: int = 0) -> TinyCifar10:
-    """data_batch_1..5, test_batch and batches.meta as Python 2 pickles of byte-keyed dicts, like the download."""
-    rng = np.random.default_rng(seed)
-    folder = directory / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    batches = {f"data_batch_{i}": f"training batch {i} of 5" for i in range(1, 6)}
-    batches["test_batch"] = "testing batch 1 of 1"
-    rows, labels = {}, {}
-    for name, batch_label in batches.items():
-        rows[name] = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
-        labels[name] = [int(v) for v in rng.integers(0, 10, size=per_batch)]
-        entry = {
-            b"batch_label": batch_label.encode(),
-            b"labels": labels[name],
-            b"data": rows[name],
-            b"filenames": [f"{name}_{i}.png".encode() for i in range(per_batch)],
-        }
-        (folder / name).write_bytes(_py2_pickle(entry))
-    meta = {b"num_cases_per_batch": per_batch, b"label_names": [c.encode() for c in CIFAR10_CLASSES], b"num_vis": 3072}
-    (folder / "batches.meta").write_bytes(_py2_pickle(meta))
-    archive = directory / "archive" / "cifar-10-python.tar.gz"
-    archive.parent.mkdir()
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(folder, arcname="cifar-10-batches-py")
-    train_names = [f"data_batch_{i}" for i in range(1, 6)]
-    return TinyCifar10(
-        archive=archive,
-        folder=folder,
-        train_rows=np.concatenate([rows[n] for n in train_names]),
-        train_labels=[label for n in train_names for label in labels[n]],
-        test_rows=rows["test_batch"],
-        test_labels=labels["test_batch"],
-        classes=CIFAR10_CLASSES,
-    )
-
 
 @pytest.fixture
-def tiny_cifar10(tmp_path: Path) -> TinyCifar10:
-    return write_tiny_cifar10(tmp_path / "cifar")
+def tiny_cifar10(tmp_path: Path) -> Cifar10Archive:
+    """Four random images per batch in the real CIFAR-10 format (``benchmarks/cifar_archive.py``)."""
+    return write_cifar10(tmp_path / "cifar")
 
 
 @dataclass(frozen=True)

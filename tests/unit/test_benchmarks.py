@@ -30,6 +30,7 @@ BENCHMARKS = (
     "compile_cost",
     "trial_fixed_cost",
     "tracking_load",
+    "gpu_evidence",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -44,6 +45,7 @@ FIRST_WORK = {
     "compile_cost": "run_side",
     "trial_fixed_cost": "trial_rows",
     "tracking_load": "MlflowServer",
+    "gpu_evidence": "Evidence",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -71,7 +73,7 @@ def test_train_throughput_prints_every_model_and_path(capsys: pytest.CaptureFixt
         "--models",
         "sa_quadratic_9,resnet18",
         "--paths",
-        "plain,optimised,truncated",
+        "plain,optimised,truncated,authors",
         "--steps",
         "1",
         "--batch-size",
@@ -86,9 +88,10 @@ def test_train_throughput_prints_every_model_and_path(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "REDUCED SIZE" in out  # the CPU says its figures are not the paper's
     rows = {(r[0], r[1]): r for r in _table(out, "model")}
-    # the truncated path applies to Gaussian encodings only
+    # the truncated path and the authors' pattern apply to Gaussian encodings only
     assert set(rows) == {(m, p) for m in ("sa_quadratic_9", "resnet18") for p in ("plain", "optimised")} | {
-        ("sa_quadratic_9", "truncated")
+        ("sa_quadratic_9", "truncated"),
+        ("sa_quadratic_9", "authors"),
     }
     for row in rows.values():
         train_ips, eval_ips, step_ms, _, memory, gflop, mfu, epoch_s = (row[i] for i in range(2, 10))
@@ -263,6 +266,10 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("finding", ["--params", PARAMS, "--set", "trian.lr=0.2"], "--set trian.lr: 'trian' is not a section"),
         ("finding", ["--params", PARAMS, "--set", "train.lr_factor=3"], "train.lr_factor: unknown key"),
         ("finding", ["--params", PARAMS, "--set", "model.layers=0"], "model.layers: Input should be greater than 0"),
+        ("gpu_evidence", ["out", "--sections", "logits,nope"], "--sections: unknown ['nope']"),
+        ("gpu_evidence", ["{file}"], "exists and is not a directory"),
+        ("gpu_evidence", ["out", "--budget-s", "0"], "--budget-s"),
+        ("gpu_evidence", [], "OUTDIR"),
     ],
 )
 def test_bad_input_is_refused_before_any_work(

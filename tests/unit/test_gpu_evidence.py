@@ -1,0 +1,151 @@
+"""The GPU evidence command runs as it will on a lent GPU machine: with only that machine's packages.
+
+The machine has no Ray, MLflow or DVC (``benchmarks/gpu_machine.py``). Each process the command starts (itself, its
+pytest, its trial workers) gets an import guard through ``sitecustomize``: an import made by the project's own code
+of a top-level module outside the machine's image, the carried wheels and the standard library fails, and is written
+down even where the code would catch the ImportError. So a trial-side import of MLflow fails here, in CI, and not on
+the day a GPU is lent. At tiny CPU sizes the run measures nothing; it checks that every section runs and writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_machine import CARRIED, PROJECT_PACKAGES, REPO_ROOT, allowed_imports, wheel_specs
+
+GUARD = '''
+import json, sys
+
+ALLOWED = frozenset(json.loads({allowed!r}))
+REPO, VENV, LOG = {repo!r}, {venv!r}, {log!r}
+
+
+def _importer():
+    """The first frame outside the import machinery: the code asking for the module."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name.startswith("importlib") or name.startswith("_frozen_importlib")):
+            return frame.f_globals.get("__file__") or ""
+        frame = frame.f_back
+    return ""
+
+
+class GpuMachineImports:
+    def find_spec(self, fullname, path=None, target=None):
+        top = fullname.partition(".")[0]
+        if top in ALLOWED or top in sys.modules:
+            return None
+        importer = _importer()
+        if not importer.startswith(REPO) or importer.startswith(VENV):
+            return None  # a dependency's own optional import: not ours to judge
+        with open(LOG, "a") as log:
+            log.write(json.dumps({{"module": fullname, "importer": importer}}) + "\\n")
+        raise ImportError(f"{{fullname}} is not on the GPU machine (imported by {{importer}})")
+
+
+sys.meta_path.insert(0, GpuMachineImports())
+'''
+
+
+@pytest.fixture
+def gpu_machine_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """Environment variables that put the import guard into every Python process started with them; the log of
+    refused imports."""
+    guard_dir, log = tmp_path / "guard", tmp_path / "refused.jsonl"
+    guard_dir.mkdir()
+    code = GUARD.format(
+        allowed=json.dumps(sorted(allowed_imports())),
+        repo=str(REPO_ROOT) + os.sep,
+        venv=str(Path(sys.prefix).resolve()) + os.sep,
+        log=str(log),
+    )
+    (guard_dir / "sitecustomize.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(guard_dir), str(REPO_ROOT)])}
+    return env, log
+
+
+def _refused(log: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_the_guard_refuses_what_the_gpu_machine_lacks(gpu_machine_env: tuple[dict[str, str], Path]) -> None:
+    """The check can fail: the driver's tracking code imports MLflow, which the GPU machine does not have."""
+    env, log = gpu_machine_env
+    done = subprocess.run(
+        [sys.executable, "-c", "import pipeline.sweep.tracking.store"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0
+    assert "is not on the GPU machine" in done.stderr
+    assert {r["module"].partition(".")[0] for r in _refused(log)} == {"mlflow"}
+
+
+def test_evidence_runs_with_only_the_gpu_machines_packages(
+    gpu_machine_env: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    env, log = gpu_machine_env
+    out = tmp_path / "evidence"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_evidence", str(out), "--tiny"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert _refused(log) == [], "the evidence command imported what the GPU machine lacks"
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads((out / "evidence.json").read_text())
+    sections = document["sections"]
+    assert list(sections) == ["environment", "cuda_tests", "logits", "throughput", "sharing", "training"]
+    assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "ok")
+    meta = document["meta"]
+    assert meta["tiny"] and meta["torch"] and "device" in meta and "cuda" in meta
+    # pytest found the project's GPU tests (skipped here, without CUDA)
+    assert sections["cuda_tests"]["results"]["counts"].get("skipped", 0) >= 2
+    assert all(r["pass"] for r in sections["logits"]["results"])
+    paths = {(r["model"], r["path"]) for r in sections["throughput"]["results"] if "train_ips" in r}
+    assert {("sa_quadratic_9", p) for p in ("plain", "optimised", "authors", "truncated")} <= paths
+    assert ("resnet18", "authors") not in paths and ("sa_learned_9", "truncated") not in paths
+    assert [r["processes"] for r in sections["sharing"]["results"]] == [1, 2]
+    runs = sections["training"]["results"]["runs"]
+    assert {name: len(run["epochs"]) for name, run in runs.items()} == {"sa_quadratic_9": 1, "resnet18": 1}
+    assert all(goal["met"] is None for goal in document["goals"])  # tiny CPU figures judge no GPU goal
+    text = (out / "evidence.md").read_text()
+    for heading in ("## Goals", "## Logits", "## Training throughput", "## Trials sharing", "## A short real run"):
+        assert heading in text
+
+
+def test_a_section_out_of_time_is_skipped_and_said(tmp_path: Path) -> None:
+    from benchmarks import gpu_evidence
+
+    assert gpu_evidence.main([str(tmp_path), "--tiny", "--budget-s", "1", "--sections", "training"]) == 0
+    section = json.loads((tmp_path / "evidence.json").read_text())["sections"]["training"]
+    assert section["status"] == "skipped" and "out of time" in section["note"]
+
+
+def test_the_carried_wheels_are_the_locked_versions() -> None:
+    """``make gpu-wheels`` downloads what ``requirements.lock`` pins, which is what the tests here run with."""
+    specs = dict(spec.split("==") for spec in wheel_specs())
+    assert len(specs) == len(CARRIED)
+    for name, pinned in specs.items():
+        assert version(name) == pinned
+    assert {"ray", "mlflow", "dvc"}.isdisjoint(allowed_imports())
+    assert set(PROJECT_PACKAGES) <= allowed_imports()
+
+
+def test_the_wrapper_says_how_it_is_used() -> None:
+    done = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "gpu_evidence.sh")], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "usage: benchmarks/gpu_evidence.sh OUTDIR" in done.stderr
