@@ -1,9 +1,10 @@
 """benchmarks/sweep_overhead.py at its smallest size, on the session's Ray: it runs, and the driver makes exactly one
-MLflow request per epoch (a count, not a timing); benchmarks/trial_end.py and benchmarks/tracking_load.py at small
-sizes."""
+MLflow request per epoch (a count, not a timing); benchmarks/trial_end.py, benchmarks/tracking_load.py and
+benchmarks/sweep_at_scale.py at small sizes."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
@@ -47,3 +48,23 @@ def test_tracking_load_logs_every_epoch_once_through_a_real_server(ray_address: 
     assert "checked: 8 runs FINISHED, every epoch logged exactly once, no write lost" in out, out
     assert re.search(r"requests: \d+ \(create_run 8, log_batch 40, set_terminated 8\)", out), out
     assert float(re.search(r"sustained writes/s: ([\d.]+)", out).group(1)) > 0
+
+
+def test_sweep_at_scale_makes_the_same_requests_per_trial_at_every_size(ray_address: str, capsys) -> None:
+    """benchmarks/sweep_at_scale.py at two tiny sizes on the session's Ray: every trial of both ways ran, and our
+    driver's MLflow requests grow with the trials, not faster (the same count per trial at 1 and 2 trials, per method),
+    each trial's run holding the same metric rows (counts, not timings)."""
+    from benchmarks import sweep_at_scale
+
+    assert sweep_at_scale.main(["--trials", "2", "--sizes", "1", "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = {(r.split()[0], r.split()[1]): r.split() for r in out.splitlines() if re.match(r"^ +[12] +(ours|bare)", r)}
+    assert set(rows) == {("1", "ours"), ("1", "bare"), ("2", "ours"), ("2", "bare")}, out
+    assert rows["1", "ours"][6] == rows["2", "ours"][6]  # requests per trial
+    assert rows["1", "ours"][-1] == rows["2", "ours"][-1]  # metric rows per trial
+    by_method = {
+        int(n): ast.literal_eval(methods)
+        for n, methods in re.findall(r"^(\d+) trials, MLflow requests by method: (\{.*\})$", out, re.M)
+    }
+    assert {method: count / 2 for method, count in by_method[2].items()} == by_method[1], by_method
+    assert re.search(r"^overhead: [\d.-]+ % \(ours\), [\d.-]+ % \(bare Ray Tune\)$", out, re.M), out

@@ -31,6 +31,7 @@ BENCHMARKS = (
     "trial_fixed_cost",
     "tracking_load",
     "gpu_evidence",
+    "sweep_at_scale",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -46,6 +47,7 @@ FIRST_WORK = {
     "trial_fixed_cost": "trial_rows",
     "tracking_load": "MlflowServer",
     "gpu_evidence": "Evidence",
+    "sweep_at_scale": "prepare_dataset",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -255,6 +257,9 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("trial_fixed_cost", ["--tracking-uri", "sqlite:///{file}.db"], "no such sqlite store"),
         ("tracking_load", ["--concurrent", "0"], "--concurrent"),
         ("tracking_load", ["--epoch-s", "-1"], "--epoch-s"),
+        ("sweep_at_scale", ["--trials", "0"], "--trials"),
+        ("sweep_at_scale", ["--trials", "3", "--sizes", "1,5"], "--sizes must be smaller than --trials 3"),
+        ("sweep_at_scale", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("finding", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nonsense"),

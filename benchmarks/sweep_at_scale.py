@@ -1,0 +1,277 @@
+"""Our driver at a lab's scale: N short real trials through the tune stage's own path, and through bare Ray Tune.
+
+    python -m benchmarks.sweep_at_scale [--trials 1000] [--sizes 100,300] [--epochs 2] [--concurrency 2] [--server]
+
+N trials (``sweep.seeds`` 0..N-1 of one small variant, a few epochs of real training each) run twice per size, in
+one Ray session: through ``pipeline.sweep.run.run_sweep`` and the manifest, exactly what ``python -m stages.tune``
+runs (parent and child runs, claims, our callback's MLflow writes, the trial-end worker), and through a bare
+``tune.Tuner`` of the same trainable with the same resources, actor reuse and checkpointing, and no callback and no
+MLflow. Overhead = wall time over the ideal, the trials' own time (Tune's ``time_total_s``) / concurrency, minus 1.
+The highest public figure for this stack is Ray Tune's own table: 10,000 one-second trials at 14 % overhead.
+
+Per size it prints both overheads, driver CPU seconds per trial (flat from size to size = linear), MLflow requests
+per trial by method, the tracking server's CPU per trial (``--server``: a real ``mlflow server``; otherwise sqlite in
+the driver, counted in its CPU), the driver's peak RSS and the metric rows each trial's run holds; the last line is
+``overhead: X % (ours), Y % (bare Ray Tune)`` at the largest size. Each size uses a fresh store and Ray folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import sqlite3
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.sweep.session import keep_local_ray_on_loopback
+
+keep_local_ray_on_loopback()  # before anything imports Ray
+
+from benchmarks.common import (  # noqa: E402
+    bad_input_is_a_usage_error,
+    make_parser,
+    positive_int,
+    positive_ints,
+    progress,
+    text_table,
+)
+from pipeline.config import Params, load_params, parse_params  # noqa: E402
+from pipeline.data.prepared import PreparedData  # noqa: E402
+from pipeline.data.sources import prepare_dataset  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANT = "resnet18"  # the cheapest model of the default study per epoch on the embedded data
+NUMERIC = {"trials", "overhead %", "trial s", "wall s", "driver CPU s/trial", "requests/trial", "server CPU s/trial"}
+
+
+@dataclass
+class Side:
+    """One way of running one size: what it took and what it wrote."""
+
+    way: str
+    trials: int
+    wall_s: float
+    trial_s: float  # sum of the trials' own time (Tune's time_total_s)
+    driver_cpu_s: float
+    peak_rss_mib: float
+    requests: dict[str, int] = field(default_factory=dict)
+    server_cpu_s: float | None = None
+    metric_rows_per_trial: float | None = None
+
+    def overhead(self, concurrency: int) -> float:
+        return self.wall_s / (self.trial_s / concurrency) - 1
+
+
+def scaled_params(base: Params, trials: int, epochs: int, concurrency: int, tracking_uri: str | None) -> Params:
+    """``base`` with one variant x ``trials`` seeds, ``epochs`` each, at ``concurrency``; system metrics off (a
+    sampling thread per trial is a cost of its own, measured by ``sweep_overhead``'s tests, not here)."""
+    raw = base.model_dump(mode="json")
+    raw["train"]["epochs"] = epochs
+    raw["sweep"].update(
+        variants=[VARIANT], seeds=list(range(trials)), max_concurrent_trials=concurrency, ray_address=None, retrain=True
+    )
+    raw["sweep"]["asha"]["enabled"] = False
+    raw["tracking"].update(uri=tracking_uri, system_metrics=False)
+    return parse_params(raw, "sweep_at_scale params")
+
+
+def run_ours(params: Params, data: PreparedData, root: Path) -> tuple[Side, object]:
+    """The tune stage's path: ``run_sweep`` (plan, claims, parent and child runs, callback, trial-end worker) and the
+    manifest it writes."""
+    from pipeline.sweep.manifest import write_tune_manifest
+    from pipeline.sweep.run import run_sweep, tune_manifest
+
+    cpu, started = time.process_time(), time.perf_counter()
+    outcome = run_sweep(params, data, root)
+    write_tune_manifest(root / "manifest.json", tune_manifest(outcome), root)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    side = Side("ours", len(outcome.records), wall, _trial_seconds(outcome.path.local), cpu, _peak_rss_mib())
+    side.requests = dict(outcome.calls)
+    return side, outcome
+
+
+def run_bare(params: Params, data: PreparedData, root: Path) -> Side:
+    """The same trials through a bare ``tune.Tuner``: same trainable, resources, actor reuse and checkpointing; no
+    callback, no MLflow."""
+    from ray import tune
+
+    from pipeline.sweep.identity import code_hash
+    from pipeline.trial.trainable import train_trial
+
+    trainable = tune.with_parameters(
+        train_trial, data=data, params_json=params.model_dump(mode="json"), code_version=code_hash()
+    )
+    resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, resources),
+        param_space={"variant": VARIANT, "seed": tune.grid_search(params.sweep.seeds)},
+        tune_config=tune.TuneConfig(max_concurrent_trials=params.sweep.max_concurrent_trials, reuse_actors=True),
+        run_config=tune.RunConfig(
+            name="bare",
+            storage_path=str(root / "ray"),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            failure_config=tune.FailureConfig(max_failures=params.sweep.max_failures),
+        ),
+    )
+    cpu, started = time.process_time(), time.perf_counter()
+    results = tuner.fit()
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    errors = [r.error for r in results if r.error is not None]
+    if errors:
+        raise RuntimeError(f"{len(errors)} bare trial(s) failed: {errors[0]}")
+    return Side("bare Ray Tune", len(results), wall, _trial_seconds(root / "ray" / "bare"), cpu, _peak_rss_mib())
+
+
+def _trial_seconds(experiment: Path) -> float:
+    """Sum of the trials' own time: the last ``time_total_s`` in each trial folder's result.json."""
+    total = 0.0
+    for result_file in experiment.glob("*/result.json"):
+        lines = result_file.read_text().strip().splitlines()
+        if lines:
+            total += json.loads(lines[-1])["time_total_s"]
+    return total
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def metric_rows_per_trial(database: Path, parent_run_id: str) -> float:
+    """Rows of MLflow's metric table (every logged point) per child run of the sweep, read from the sqlite file."""
+    with sqlite3.connect(database) as db:
+        (runs,) = db.execute(
+            "SELECT COUNT(*) FROM tags WHERE key = 'mlflow.parentRunId' AND value = ?", (parent_run_id,)
+        ).fetchone()
+        (rows,) = db.execute(
+            "SELECT COUNT(*) FROM metrics WHERE run_uuid IN "
+            "(SELECT run_uuid FROM tags WHERE key = 'mlflow.parentRunId' AND value = ?)",
+            (parent_run_id,),
+        ).fetchone()
+    return rows / runs if runs else float("nan")
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (the server and its uvicorn worker)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def measure_size(args: argparse.Namespace, base: Params, data: PreparedData, trials: int) -> list[Side]:
+    """Both ways at one size, each with a fresh store (and server) and Ray folder."""
+    from pipeline.sweep.tracking.server import MlflowServer
+
+    sides = []
+    with tempfile.TemporaryDirectory(prefix="sweep-at-scale-") as tmp, ExitStack() as stack:
+        root = Path(tmp)
+        server = None
+        if args.server:
+            server = MlflowServer(root / "server")
+            server.start()
+            stack.callback(server.stop)
+        database = server.database if server else root / "mlflow.db"
+        uri = server.uri if server else f"sqlite:///{database}"
+        params = scaled_params(base, trials, args.epochs, args.concurrency, uri)
+        progress(f"sweep_at_scale: {trials} trials through our driver ...")
+        server_cpu = process_tree_cpu_s(server.process.pid) if server else None
+        ours, outcome = run_ours(params, data, root / "ours")
+        if server:
+            ours.server_cpu_s = process_tree_cpu_s(server.process.pid) - server_cpu
+        ours.metric_rows_per_trial = metric_rows_per_trial(database, outcome.parent.parent_run_id)
+        sides.append(ours)
+        progress(f"sweep_at_scale: {trials} trials through bare Ray Tune ...")
+        sides.append(run_bare(params, data, root / "bare"))
+    return sides
+
+
+def row(side: Side, concurrency: int) -> dict[str, str]:
+    requests = sum(side.requests.values())
+    return {
+        "trials": str(side.trials),
+        "way": side.way,
+        "overhead %": f"{100 * side.overhead(concurrency):.1f}",
+        "trial s": f"{side.trial_s:.1f}",
+        "wall s": f"{side.wall_s:.1f}",
+        "driver CPU s/trial": f"{side.driver_cpu_s / side.trials:.3f}",
+        "requests/trial": f"{requests / side.trials:.2f}" if side.requests else "-",
+        "server CPU s/trial": "-" if side.server_cpu_s is None else f"{side.server_cpu_s / side.trials:.3f}",
+        "peak RSS MiB": f"{side.peak_rss_mib:.0f}",
+        "metric rows/trial": "-" if side.metric_rows_per_trial is None else f"{side.metric_rows_per_trial:.0f}",
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = make_parser("sweep_at_scale", __doc__.split("\n\n")[0], epilog="See the module docstring.")
+    parser.add_argument("--trials", type=positive_int, default=1000, help="the largest size (default: %(default)s)")
+    parser.add_argument(
+        "--sizes", type=positive_ints, default=[], help="smaller sizes measured first, comma-separated (e.g. 100,300)"
+    )
+    parser.add_argument("--epochs", type=positive_int, default=2, help="epochs per trial (default: %(default)s)")
+    parser.add_argument("--concurrency", type=positive_int, default=2, help="trials at once (default: %(default)s)")
+    parser.add_argument("--server", action="store_true", help="track through a real mlflow server (its CPU counted)")
+    parser.add_argument(
+        "--params", type=Path, default=ROOT / "params.yaml", help="params file to scale (default: %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    if any(size >= args.trials for size in args.sizes):
+        parser.error(f"--sizes must be smaller than --trials {args.trials}, got {args.sizes}")
+    with bad_input_is_a_usage_error(parser):
+        args.base = load_params(args.params)
+        if VARIANT not in args.base.variants:
+            raise ValueError(f"{args.params}: no variant {VARIANT!r} to run at scale")
+        scaled_params(args.base, args.trials, args.epochs, args.concurrency, None)  # the scaled params validate
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    data = prepare_dataset(args.base.data, args.params.resolve().parent)
+    import ray
+
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(
+            address="local",
+            num_cpus=args.concurrency,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+        )
+    try:
+        sides = [
+            side for size in [*sorted(args.sizes), args.trials] for side in measure_size(args, args.base, data, size)
+        ]
+    finally:
+        if own_ray:
+            ray.shutdown()
+    print(
+        f"{VARIANT} x {args.epochs} epochs per trial, {args.concurrency} at a time, "
+        f"{'mlflow server (sqlite)' if args.server else 'sqlite store in the driver'}; ideal = trial s / concurrency"
+    )
+    print(text_table([row(s, args.concurrency) for s in sides], numeric=NUMERIC))
+    for side in (s for s in sides if s.requests):
+        print(f"{side.trials} trials, MLflow requests by method: {dict(sorted(side.requests.items()))}")
+    ours, bare = sides[-2], sides[-1]
+    print(
+        f"overhead: {100 * ours.overhead(args.concurrency):.1f} % (ours), "
+        f"{100 * bare.overhead(args.concurrency):.1f} % (bare Ray Tune)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
