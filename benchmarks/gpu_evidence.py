@@ -61,6 +61,14 @@ GOALS = {  # the issue's targets; each is checked on figures of one run
 SECTIONS = ("environment", "cuda_tests", "logits", "throughput", "sharing", "training")
 
 
+class SectionFailed(Exception):
+    """A section that measured what it could but whose check failed: its results are kept beside the failure."""
+
+    def __init__(self, message: str, results: Any) -> None:
+        super().__init__(message)
+        self.results = results
+
+
 class Evidence:
     """The results so far, rewritten to ``OUTDIR`` after every section (JSON for machines, markdown for people)."""
 
@@ -92,6 +100,9 @@ class Evidence:
         started = time.monotonic()
         try:
             results = work(self)
+        except SectionFailed as failure:
+            self.record(name, "failed", failure.results, time.monotonic() - started, str(failure))
+            return
         except Exception:  # one section's failure must not cost the others' figures
             self.record(name, "failed", None, time.monotonic() - started, traceback.format_exc(limit=8))
             return
@@ -147,9 +158,15 @@ def cuda_tests(ev: Evidence) -> dict[str, Any]:
     )
     output = done.stdout + done.stderr
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", output)}
+    results = {
+        "files": files,
+        "counts": counts,
+        "exit_code": done.returncode,
+        "summary": output.strip().splitlines()[-1],
+    }
     if done.returncode not in (0, 5) or counts.get("failed") or counts.get("error") or counts.get("errors"):
-        raise RuntimeError(f"pytest -m gpu exited {done.returncode}:\n{output[-3000:]}")
-    return {"files": files, "counts": counts, "exit_code": done.returncode, "summary": output.strip().splitlines()[-1]}
+        raise SectionFailed(f"pytest -m gpu exited {done.returncode}:\n{output[-3000:]}", results)
+    return results
 
 
 def logits(ev: Evidence) -> list[dict[str, Any]]:
@@ -187,7 +204,7 @@ def logits(ev: Evidence) -> list[dict[str, Any]]:
             )
     failed = [f"{r['model']} on {r['device']}" for r in rows if r["pass"] is False]
     if failed:
-        raise RuntimeError(f"fp32 logits off the float64 reference by more than {FP32_TOLERANCE}: {failed}; {rows}")
+        raise SectionFailed(f"fp32 logits off the float64 reference by more than {FP32_TOLERANCE}: {failed}", rows)
     return rows
 
 

@@ -149,3 +149,21 @@ def test_the_wrapper_says_how_it_is_used() -> None:
     done = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "gpu_evidence.sh")], capture_output=True, text=True)
     assert done.returncode == 2
     assert "usage: benchmarks/gpu_evidence.sh OUTDIR" in done.stderr
+
+
+def test_a_failed_check_keeps_what_the_section_measured(tmp_path: Path) -> None:
+    """A section whose check fails (fp32 logits off, a CUDA test failing) is 'failed' with its figures kept, and the
+    next section still runs; the command then exits 1."""
+    from benchmarks.gpu_evidence import Evidence, SectionFailed
+
+    def off(_: Evidence) -> None:
+        raise SectionFailed("fp32 logits off the float64 reference", [{"model": "m", "max_rel_error": 0.5}])
+
+    evidence = Evidence(tmp_path, budget_s=60, tiny=True)
+    evidence.run("logits", off, needs_s=0, cap_s=10)
+    evidence.run("sharing", lambda _: [{"processes": 1}], needs_s=0, cap_s=10)
+    sections = json.loads((tmp_path / "evidence.json").read_text())["sections"]
+    assert sections["logits"]["status"] == "failed" and sections["logits"]["results"][0]["max_rel_error"] == 0.5
+    assert sections["sharing"]["status"] == "ok"
+    assert not evidence.ok()
+    assert "## logits failed" in (tmp_path / "evidence.md").read_text()
