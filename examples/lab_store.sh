@@ -55,7 +55,7 @@ start() {
 
   # 1. A cluster whose superuser is `mlflow`, password authentication only, on 127.0.0.1:$PGPORT (no Unix socket).
   "${as_db_user[@]}" initdb -D "$dir/pgdata" -U mlflow --pwfile="$dir/pgpass" --auth=scram-sha-256 \
-    --encoding=UTF8 --locale=C.UTF-8 >"$dir/initdb.log"
+    --encoding=UTF8 --no-locale >"$dir/initdb.log"
   "${as_db_user[@]}" pg_ctl -D "$dir/pgdata" -l "$dir/pgdata/postgres.log" -w \
     -o "-c listen_addresses=127.0.0.1 -p $PGPORT -c unix_socket_directories=''" start >/dev/null
   head -1 "$dir/pgdata/postmaster.pid" >"$dir/postgres.pid"
