@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from pipeline.sweep.tracking.server import MlflowServer  # the tests import it from here too
-from tests.lab_store import LabStore, start_lab_store, stop_lab_store
+from tests.lab_store import LabStore, postgresql_missing, start_lab_store, stop_lab_store
 from tests.project_copy import copy_project
 
 if TYPE_CHECKING:
@@ -75,7 +75,10 @@ def lab_bucket(new_bucket: Callable[[], Bucket]) -> Bucket:
 def lab_store(lab_bucket: Bucket) -> Iterator[LabStore]:
     """A lab's tracking store, as docs/cluster.md has users start one (``examples/lab_store.sh``): PostgreSQL 15 and
     an ``mlflow server`` on it, artifacts in ``lab_bucket``; started when a test first asks, stopped by process id at
-    the session's end (test_lab_store.py, test_shared_store.py: one worker's group)."""
+    the session's end (test_lab_store.py, test_shared_store.py: one worker's group). Skipped, saying why, on a
+    machine without PostgreSQL (CI installs it: .ci/run)."""
+    if missing := postgresql_missing():
+        pytest.skip(missing)
     store = start_lab_store(lab_bucket.name, lab_bucket.endpoint)
     try:
         yield store
