@@ -110,6 +110,7 @@ FAULT_MODULES = {
     for name in (
         "test_incremental_sweep",
         "test_shared_store",
+        "test_lab_store",
         "test_bucket_storage",
         "test_tracking_outage",
         "test_reliability",

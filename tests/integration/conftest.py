@@ -15,13 +15,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pytest
 import yaml
 
 from pipeline.sweep.tracking.server import MlflowServer  # the tests import it from here too
+from tests.lab_store import LabStore, postgresql_missing, start_lab_store, stop_lab_store
 from tests.project_copy import copy_project
+
+if TYPE_CHECKING:
+    from conftest import Bucket
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -58,6 +63,27 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def lab_bucket(new_bucket: Callable[[], Bucket]) -> Bucket:
+    """The lab store's bucket: the server's artifacts under ``mlartifacts/``; tests put Ray's results under ``ray/``."""
+    return new_bucket()
+
+
+@pytest.fixture(scope="session")
+def lab_store(lab_bucket: Bucket) -> Iterator[LabStore]:
+    """A lab's tracking store, as docs/cluster.md has users start one (``examples/lab_store.sh``): PostgreSQL 15 and
+    an ``mlflow server`` on it, artifacts in ``lab_bucket``; started when a test first asks, stopped by process id at
+    the session's end (test_lab_store.py, test_shared_store.py: one worker's group). Skipped, saying why, on a
+    machine without PostgreSQL (CI installs it: .ci/run)."""
+    if missing := postgresql_missing():
+        pytest.skip(missing)
+    store = start_lab_store(lab_bucket.name, lab_bucket.endpoint)
+    try:
+        yield store
+    finally:
+        stop_lab_store(store.home)
 
 
 def tiny_params(**sweep: object) -> dict:

@@ -1,7 +1,8 @@
 """Two projects sharing one fresh sqlite MLflow store start their sweeps at the same moment: MLflow builds the schema
 of a new database on first use, and two processes doing it at once crashed in the migration. Both must open their
-sweep run, with no traceback. And two projects with the same params, tuning together on one store (sqlite file or
-server), train each trial identity once: one claims it, the other waits and reuses the run."""
+sweep run, with no traceback. And two projects with the same params, tuning together on one store (sqlite file, a
+server on sqlite, or a lab's server on PostgreSQL), train each trial identity once: one claims it, the other waits
+and reuses the run."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.integration.conftest import MlflowServer, Project, tiny_params
+from tests.lab_store import LabStore
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,3 +121,13 @@ def test_two_projects_on_one_server_train_each_trial_once(
     copies = _copies(project, tmp_path, mlflow_server.uri, experiment)
     outputs = _tune_together(copies)
     _assert_each_trial_trained_once(mlflow_server.uri, experiment, copies, outputs)
+
+
+def test_two_projects_on_a_postgresql_server_train_each_trial_once(
+    project: Project, lab_store: LabStore, tmp_path: Path
+) -> None:
+    """The claims on a lab's store (examples/lab_store.sh: PostgreSQL 15, artifacts in a bucket): same outcome."""
+    experiment = f"it-shared-postgresql-{tmp_path.name}"
+    copies = _copies(project, tmp_path, lab_store.uri, experiment)
+    outputs = _tune_together(copies)
+    _assert_each_trial_trained_once(lab_store.uri, experiment, copies, outputs)
