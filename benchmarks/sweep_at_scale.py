@@ -171,26 +171,32 @@ def process_tree_cpu_s(pid: int) -> float:
 
 
 def measure_size(args: argparse.Namespace, base: Params, data: PreparedData, trials: int) -> list[Side]:
-    """Both ways at one size, each with a fresh store (and server) and Ray folder."""
+    """Both ways at one size, each with a fresh Ray folder and, unless ``--lab-store`` names a running one, a fresh
+    store (and server)."""
     from pipeline.sweep.tracking.server import MlflowServer
 
     sides = []
     with tempfile.TemporaryDirectory(prefix="sweep-at-scale-") as tmp, ExitStack() as stack:
         root = Path(tmp)
-        server = None
-        if args.server:
+        database, server_pid = None, None
+        if args.lab_store:  # examples/lab_store.sh's store: PostgreSQL + a bucket, its server's pid in its folder
+            uri, server_pid = args.lab_store_uri, int((args.lab_store / "mlflow.pid").read_text())
+        elif args.server:
             server = MlflowServer(root / "server")
             server.start()
             stack.callback(server.stop)
-        database = server.database if server else root / "mlflow.db"
-        uri = server.uri if server else f"sqlite:///{database}"
+            uri, database, server_pid = server.uri, server.database, server.process.pid
+        else:
+            database = root / "mlflow.db"
+            uri = f"sqlite:///{database}"
         params = scaled_params(base, trials, args.epochs, args.concurrency, uri)
         progress(f"sweep_at_scale: {trials} trials through our driver ...")
-        server_cpu = process_tree_cpu_s(server.process.pid) if server else None
+        server_cpu = process_tree_cpu_s(server_pid) if server_pid else None
         ours, outcome = run_ours(params, data, root / "ours")
-        if server:
-            ours.server_cpu_s = process_tree_cpu_s(server.process.pid) - server_cpu
-        ours.metric_rows_per_trial = metric_rows_per_trial(database, outcome.parent.parent_run_id)
+        if server_pid:
+            ours.server_cpu_s = process_tree_cpu_s(server_pid) - server_cpu
+        if database is not None:
+            ours.metric_rows_per_trial = metric_rows_per_trial(database, outcome.parent.parent_run_id)
         sides.append(ours)
         progress(f"sweep_at_scale: {trials} trials through bare Ray Tune ...")
         sides.append(run_bare(params, data, root / "bare"))
@@ -223,9 +229,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=positive_int, default=2, help="trials at once (default: %(default)s)")
     parser.add_argument("--server", action="store_true", help="track through a real mlflow server (its CPU counted)")
     parser.add_argument(
+        "--lab-store",
+        type=Path,
+        metavar="DIR",
+        help="track through the running store that 'examples/lab_store.sh start DIR ...' started (PostgreSQL + a "
+        "bucket; its server's CPU counted); every size then shares it",
+    )
+    parser.add_argument(
         "--params", type=Path, default=ROOT / "params.yaml", help="params file to scale (default: %(default)s)"
     )
     args = parser.parse_args(argv)
+    if args.lab_store is not None:
+        files = [args.lab_store / name for name in ("tracking_uri", "mlflow.pid")]
+        if not all(f.is_file() for f in files):
+            parser.error(f"--lab-store {args.lab_store}: not a running store (start one with examples/lab_store.sh)")
+        args.lab_store_uri = files[0].read_text().strip()
     if any(size >= args.trials for size in args.sizes):
         parser.error(f"--sizes must be smaller than --trials {args.trials}, got {args.sizes}")
     with bad_input_is_a_usage_error(parser):
@@ -234,6 +252,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise ValueError(f"{args.params}: no variant {VARIANT!r} to run at scale")
         scaled_params(args.base, args.trials, args.epochs, args.concurrency, None)  # the scaled params validate
     return args
+
+
+def _store(args: argparse.Namespace) -> str:
+    if args.lab_store:
+        return f"the lab store at {args.lab_store_uri} (PostgreSQL + bucket)"
+    return "mlflow server (sqlite)" if args.server else "sqlite store in the driver"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             ray.shutdown()
     print(
         f"{VARIANT} x {args.epochs} epochs per trial, {args.concurrency} at a time, "
-        f"{'mlflow server (sqlite)' if args.server else 'sqlite store in the driver'}; ideal = trial s / concurrency"
+        f"{_store(args)}; ideal = trial s / concurrency"
     )
     print(text_table([row(s, args.concurrency) for s in sides], numeric=NUMERIC))
     for side in (s for s in sides if s.requests):

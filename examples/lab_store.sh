@@ -14,7 +14,8 @@
 # $PG_BIN (default /usr/lib/postgresql/15/bin). Run as root, the cluster runs as the `postgres` user (PostgreSQL
 # refuses root), and DIR must be a folder that user can enter.
 #
-# `start` prints the tracking URI (tracking.uri in params.yaml) once the server answers. `stop` stops the server
+# `start` prints the tracking URI (tracking.uri in params.yaml) once the server answers, and keeps it in
+# DIR/tracking_uri (benchmarks.sweep_at_scale --lab-store DIR reads it). `stop` stops the server
 # and the cluster by the process ids `start` recorded in DIR, and leaves DIR for you to remove.
 set -euo pipefail
 
@@ -81,7 +82,7 @@ start() {
     fi
     sleep 0.1
   done
-  echo "http://127.0.0.1:$MLFLOW_PORT"
+  echo "http://127.0.0.1:$MLFLOW_PORT" | tee "$dir/tracking_uri"  # also kept in DIR for other tools
 }
 
 stop() {

@@ -260,6 +260,7 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("sweep_at_scale", ["--trials", "0"], "--trials"),
         ("sweep_at_scale", ["--trials", "3", "--sizes", "1,5"], "--sizes must be smaller than --trials 3"),
         ("sweep_at_scale", ["--params", "{typo}"], "train.epoch: unknown key"),
+        ("sweep_at_scale", ["--lab-store", "{file}"], "not a running store (start one with examples/lab_store.sh)"),
         ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("finding", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nonsense"),
