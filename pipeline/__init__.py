@@ -1,1 +1,11 @@
-"""The library: models, data, one trial (worker side), the sweep and pruning (driver side), measuring."""
+"""The library: models, data, one trial (worker side), the sweep and pruning (driver side), measuring.
+
+- ``config``     ``params.yaml`` -> typed, validated configuration (errors name the key and the file)
+- ``io``         atomic writes, output-location checks, the failures that count as bad input
+- ``models/``    the encodings, the attention layer, the SA classifier, ResNet18, Theorem 1, the pruning rule
+- ``data/``      the prepared format trials load, and where the images come from
+- ``trial/``     everything a Ray worker runs: the training loop, checkpoints, locality, the Tune trainable
+- ``sweep/``     the driver: the sweep, the tracked-run sequence tune and prune share, MLflow behind ``tracking/``
+- ``prune/``     the prune stage's driver: which heads go, evaluating, fine-tuning, its manifest
+- ``measure/``   parameter and FLOP counts, speed against the hardware, the paper's reference figures
+"""

@@ -1,0 +1,10 @@
+"""Thin DVC stage entry points (``python -m stages.<name> --help``): read params, call the library, write outputs.
+
+- ``prepare``    the dataset as tensors (``data/prepared``)
+- ``tune``       every variant x seed as a Ray Tune trial, tracked in MLflow (``results/tune``)
+- ``prune``      degenerate heads cut and the pruned models fine-tuned (``results/prune``)
+- ``analyze``    tables, figures and the report from the manifests' runs (``results/``)
+- ``describe``   the parameter / FLOP table of the paper's models
+- ``ui``         the MLflow UI's address of the last sweep
+- ``_cli``       what every stage shares: parsing conventions, logging, clean failures and exit codes
+"""

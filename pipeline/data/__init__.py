@@ -1,1 +1,6 @@
-"""The dataset: its prepared on-disk format (trial code) and where the images come from (prepare stage only)."""
+"""The dataset: its prepared on-disk format (trial code) and where the images come from (prepare stage only).
+
+- ``prepared``   the prepared dataset in memory and on disk (``data/prepared``): what every trial loads
+- ``sources``    the embedded offline digits and the dispatch to CIFAR-10, as ``PreparedData``
+- ``cifar10``    the paper's dataset through torchvision's own loader, never downloading
+"""

@@ -1,4 +1,16 @@
-"""Models of the paper: the self-attention classifier, its positional encodings, ResNet18, and Theorem 1."""
+"""Models of the paper: the self-attention classifier, its positional encodings, ResNet18, and Theorem 1.
+
+- ``positional``         the relative positional encodings that are the attention scores (quadratic, generalized,
+                         learned), by name
+- ``attention``          multi-head self-attention with position-only scores (Eq. 9-11), heads at full width
+- ``local_attention``    the locality-truncated fast path of the same attention
+- ``sa_net``             the fully-attentional classifier (2x2 invertible downsampling, 6 layers, pooling, linear)
+- ``resnet``             the ResNet18 baseline
+- ``conv_to_attention``  Theorem 1: a convolution rebuilt as an exactly equal multi-head self-attention layer
+- ``pruning``            which Gaussian heads are degenerate, and removing them
+
+``build_model(cfg)`` below builds the model a ``ModelConfig`` describes.
+"""
 
 from __future__ import annotations
 

@@ -17,4 +17,7 @@ The tune stage (``stages.tune``) reads it top-down:
 - ``submit``     the stage as a Ray job from a workstation, its outputs brought back
 - ``storage``    ``sweep.storage_path`` as a folder or a bucket; ``location``: where the stores live
 - ``lock``       one tune (or prune) stage per project at a time; ``progress``: the console's trial table
+- ``estimate``   what one trial of each variant needs (parameters, memory), before anything starts
+- ``orphans``    the processes of a local Ray whose driver died, ended by the next run
+- ``worker_deaths`` a worker Ray kills at any moment costs its trial one attempt, never the sweep
 """

@@ -1,0 +1,11 @@
+"""One trial, as a Ray worker runs it: the only code whose edit changes a trial's identity.
+
+- ``loop``          ``run_trial``: train on prepared data, report metrics and a checkpoint every epoch; it knows
+                    nothing of Ray or MLflow
+- ``checkpoint``    the checkpoint's format, writing and loading, and the RNG state it carries
+- ``locality``      where each head looks, measured every epoch from each layer's own input
+- ``device``        where a trial runs and in which precision, decided once and recorded
+- ``report``        the contract with the driver: the per-epoch report's keys and the checkpoint's files
+- ``code_version``  the trial code declared and hashed, and the trial's check that it runs the driver's code
+- ``trainable``     the Ray Tune adapter around ``run_trial``
+"""

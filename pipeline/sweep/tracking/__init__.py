@@ -8,6 +8,11 @@
 - ``buffer``        writes kept on disk through a tracking-server outage, replayed when it answers
 - ``logged_model``  a trial's final model and dataset as MLflow logs them
 - ``registry``      what a finished run publishes: the parent's description and summary, the registered models
+- ``claims``        claims on trial identities in a store several projects share: one trains, the others wait
+- ``trial_end``     a trial's end-of-run MLflow work on one background thread, off Tune's event loop
+- ``system_metrics`` MLflow's system metrics sampled in the trial's worker
+- ``ui``            the MLflow UI address of a sweep's trials
+- ``server``        a real ``mlflow server`` of our own (tests, benchmarks)
 
 The custom callback stays: Ray's ``MLflowLoggerCallback`` loses its trial -> run map on restore, logs at Tune's
 iteration instead of the trial's epoch, and has no parent run.
