@@ -43,4 +43,8 @@ def not_comparable_note(rule: Mapping[str, Any]) -> str:
 
 
 def _g(value: Any) -> str:
-    return f"{float(value):g}" if isinstance(value, int | float) else "?"
+    """``1e-05`` as ``1e-5``, ``1000.0`` as ``1000``."""
+    if not isinstance(value, int | float):
+        return "?"
+    mantissa, _, exponent = f"{float(value):g}".partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
