@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
+from analysis.gaussian_locality import is_degenerate
 from analysis.geometry import gaussian_contour, history_frame
 from analysis.palette import OKABE_ITO, head_style, layer_colours
 from analysis.variants import Variant
@@ -85,10 +86,16 @@ def head_trajectories(
     panel_notes: Mapping[int, str] | None = None,
 ) -> Figure:
     """Fig. 2: each head's centre during training, one panel per layer of ``layers`` (from 1); circle =
-    initialisation, star = last epoch. ``grid`` (the token grid) bounds the view to the image's shifts; a head
-    beyond it is counted in its panel's title. ``panel_notes``: per layer, text added to its panel's title (the
-    layer's measured numbers)."""
+    initialisation, star = last epoch; a head uniform at the last epoch (``gaussian_locality.is_degenerate``: its
+    centre means nothing) is drawn thin, grey and dotted, ending in a grey cross. ``grid`` (the token grid) bounds
+    the view to the image's shifts; a head beyond it is counted in its panel's title. ``panel_notes``: per layer,
+    text added to its panel's title (the layer's measured numbers)."""
     layers = [layers] if isinstance(layers, int) else list(layers)
+    uniform = {
+        (layer, head + 1)
+        for layer, entry in enumerate(head_history[-1]["layers"] if head_history else [], start=1)
+        for head in np.flatnonzero(is_degenerate(entry["sigma_inv"]) if len(entry["centres"]) else [])
+    }
     frame = history_frame(head_history)
     frame = frame[frame["layer"].isin(layers)]
     extent = _extent(frame[["centre_row", "centre_col"]].to_numpy(), grid=grid)
@@ -100,6 +107,10 @@ def head_trajectories(
         for head, path in shown.sort_values("epoch").groupby("head"):
             colour, linestyle = head_style(int(head))
             xy = path[["centre_col", "centre_row"]].to_numpy()
+            if (layer, int(head)) in uniform:
+                ax.plot(xy[:, 0], xy[:, 1], color="0.6", linestyle=":", linewidth=1.0)
+                ax.plot(*xy[-1], "x", color="0.4", markersize=8, markeredgewidth=1.5)
+                continue
             ax.plot(xy[:, 0], xy[:, 1], color=colour, linestyle=linestyle, linewidth=1.8, label=f"head {int(head)}")
             ax.plot(*xy[0], "o", color=colour, markersize=6, markerfacecolor="white", markeredgewidth=1.5)
             ax.plot(*xy[-1], "*", color=colour, markersize=13, markeredgecolor="black", markeredgewidth=0.5)
@@ -117,6 +128,8 @@ def head_trajectories(
         Line2D([], [], marker="o", color="0.3", markerfacecolor="white", linestyle="", label="start (init)"),
         Line2D([], [], marker="*", color="0.3", markersize=11, linestyle="", label="end"),
     ]
+    if uniform:
+        handles.append(Line2D([], [], color="0.6", linestyle=":", marker="x", label="became uniform (no position)"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
     return fig
 
@@ -134,7 +147,8 @@ def head_contours(
 ) -> Figure:
     """Figs. 3/7/10: per layer, each head's Gaussian as contours holding 50% (solid) and 90% (dotted) of its
     attention, centre dotted; ``pruned`` heads, as (layer, head) indices into ``geometry`` (from 0), drawn grey
-    dashed with an x.
+    dashed with an x; a uniform head (``gaussian_locality.is_degenerate``) has no contour worth drawing, only a grey
+    plus at its meaningless centre.
 
     ``geometry`` is ``model.head_geometry()`` or a head-history snapshot's ``layers``: per layer
     ``{"centres": (H, 2), "sigma_inv": (H, 2, 2)}``. The view is clipped to the shifts the image has (``grid``, the
@@ -145,10 +159,19 @@ def head_contours(
     rows, cols = _grid_of(len(geometry))
     fig = Figure(figsize=(4.2 * cols + 1.6, 4.0 * rows))
     contours = []
+    uniform = {
+        (layer_idx, int(head))
+        for layer_idx, layer in enumerate(geometry)
+        for head in np.flatnonzero(is_degenerate(_as_numpy(layer["sigma_inv"])) if len(layer["centres"]) else [])
+    }
     for layer in geometry:
         centres = _as_numpy(layer["centres"]).reshape(-1, 2)  # (H, 2)
         precision = _as_numpy(layer["sigma_inv"]).reshape(-1, 2, 2)  # (H, 2, 2)
-        rings = [(c, [gaussian_contour(c, p, m) for m in masses]) for c, p in zip(centres, precision, strict=True)]
+        flat = is_degenerate(precision) if len(precision) else np.zeros(0, dtype=bool)
+        rings = [
+            (c, [None if f else gaussian_contour(c, p, m) for m in masses])
+            for c, p, f in zip(centres, precision, flat, strict=True)
+        ]
         contours.append(rings)
     points = [pt for layer in contours for _, rings in layer for ring in rings if ring is not None for pt in ring]
     limit = image_extent(grid) if grid is not None else 10.5
@@ -157,6 +180,9 @@ def head_contours(
         ax = fig.add_subplot(rows, cols, layer_idx + 1)
         for head, (centre, rings) in enumerate(layer):
             is_pruned = (layer_idx, head) in pruned
+            if all(ring is None for ring in rings) and (layer_idx, head) in uniform:
+                ax.plot(centre[1], centre[0], "+", color="0.45", markersize=9, markeredgewidth=1.5)
+                continue
             colour = "0.55" if is_pruned else head_style(head + 1)[0]
             for ring, style in zip(rings, ("-", ":"), strict=True):
                 if ring is not None:
@@ -173,6 +199,8 @@ def head_contours(
     legend.append(Line2D([], [], marker="s", color="black", markerfacecolor="0.85", linestyle="", label="query pixel"))
     if pruned:
         legend.append(Line2D([], [], color="0.55", lw=1.4, linestyle="--", marker="x", label="pruned head"))
+    if uniform:
+        legend.append(Line2D([], [], color="0.45", marker="+", linestyle="", label="uniform head (no position)"))
     fig.legend(handles=legend, loc="center right", frameon=False)
     fig.suptitle(title)
     fig.subplots_adjust(right=1 - 1.5 / fig.get_figwidth(), top=1 - 0.7 / fig.get_figheight(), hspace=0.3, wspace=0.25)

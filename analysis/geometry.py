@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from analysis.gaussian_locality import conv_like, gaussian_locality
 from pipeline.models.attention import MultiHeadSelfAttention
 from pipeline.models.positional import GeneralizedQuadraticEncoding, relative_offsets
 from pipeline.models.sa_net import SelfAttentionNet
@@ -117,6 +118,11 @@ HEADS_COLUMNS = [
     "entropy",
     "peak_probability",
     "distance_to_integer_shift",
+    "degenerate",
+    "gaussian_distance",
+    "gaussian_entropy",
+    "gaussian_peak",
+    "conv_like",
 ]
 
 
@@ -128,7 +134,11 @@ def heads_frame(
 
     Columns: layer, head, encoding, centre_row, centre_col, sigma_inv_rr, sigma_inv_rc, sigma_inv_cc, eig_min,
     eig_max (NaN for the learned encoding), mean_distance (tokens), mean_distance_px (pixels), entropy (nats),
-    peak_probability (interior queries), distance_to_integer_shift (NaN for the learned encoding).
+    peak_probability (interior queries): these four as the trial measures them, truncated at the grid's borders, so
+    they depend on the grid; distance_to_integer_shift, degenerate (uniform: the paper's bound), gaussian_distance,
+    gaussian_entropy, gaussian_peak (the head's own Gaussian on an unbounded grid, ``analysis.gaussian_locality``:
+    the same on any grid; NaN for a degenerate head and the learned encoding), conv_like (``CONV_LIKE_RULE`` on the
+    Gaussian numbers; for the learned encoding, which has no Gaussian, on the truncated ones).
     ``locality``: the trial's last measurement (a locality-history snapshot's ``layers``), measured on each layer's
     real input; without it, the probabilities of position-only attention (the same numbers for this model).
     """
@@ -147,11 +157,20 @@ def heads_frame(
             precision = geometry["sigma_inv"].double().cpu().numpy()  # (H, 2, 2)
             eigvals = np.linalg.eigvalsh(0.5 * (precision + precision.transpose(0, 2, 1)))  # (H, 2), ascending
             to_integer = distance_to_integer_shift(centres)
+            local = gaussian_locality(centres, precision)
         else:
             centres = np.full((num_heads, 2), np.nan)
             precision = np.full((num_heads, 2, 2), np.nan)
             eigvals = np.full((num_heads, 2), np.nan)
             to_integer = np.full(num_heads, np.nan)
+            local = {"degenerate": np.zeros(num_heads, dtype=bool)}
+            local |= {name: np.full(num_heads, np.nan) for name in ("distance", "entropy", "peak")}
+        if num_heads:
+            likeness = (
+                conv_like(local["distance"], local["peak"])
+                if geometry is not None
+                else conv_like(measured["mean_distance"], measured["peak_probability"])
+            )
         for head in range(num_heads):
             rows.append(
                 {
@@ -170,6 +189,11 @@ def heads_frame(
                     "entropy": float(measured["entropy"][head]),
                     "peak_probability": float(measured["peak_probability"][head]),
                     "distance_to_integer_shift": float(to_integer[head]),
+                    "degenerate": bool(local["degenerate"][head]),
+                    "gaussian_distance": float(local["distance"][head]),
+                    "gaussian_entropy": float(local["entropy"][head]),
+                    "gaussian_peak": float(local["peak"][head]),
+                    "conv_like": bool(likeness[head]),
                 }
             )
     return pd.DataFrame(rows, columns=HEADS_COLUMNS)

@@ -53,10 +53,12 @@ def render_report(
     sections: Sequence[Section] = (),
     paper_not_run: Sequence[str] = (),
     quoted: str = "",
+    noise: str = "",
 ) -> str:
     """The report as markdown; its first line states the setting and its scale. ``paper_not_run``: the paper's
     models this study did not run (named under the table, so a reader knows the comparison is partial); ``quoted``: a
-    markdown table of public results quoted beside the study, each with its source."""
+    markdown table of public results quoted beside the study, each with its source; ``noise``: what the test set's
+    size allows (under the table)."""
     lines = [f"{describe_setting(setting)} ({scale_note(setting)}).", ""]
     lines += ["# Reproduction of Cordonnier et al. (ICLR 2020): results", ""]
     lines += ["## Accuracy and size (the paper's Figure 5 / Figure 9, for every variant run)", ""]
@@ -68,6 +70,8 @@ def render_report(
         table_markdown.strip(),
         "",
     ]
+    if noise:
+        lines += [noise, ""]
     if paper_not_run:
         lines += [f"The paper's models not run in this study: {', '.join(paper_not_run)}.", ""]
     if quoted:

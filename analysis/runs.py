@@ -92,6 +92,7 @@ class LoadedStudy:
     experiment_id: str
     tune_parent_run_id: str
     prune_parent_run_id: str | None
+    prune_rule: dict[str, Any] = field(default_factory=dict)  # the prune manifest's ``rule`` (mode, thresholds, ...)
 
     def frame(self) -> pd.DataFrame:
         """One row per run: the table's columns (``analysis.table.RUN_COLUMNS``) plus run_id, source, reason."""
@@ -310,6 +311,7 @@ def load_study(tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path)
         experiment_id=tune.experiment_id,
         tune_parent_run_id=tune.parent_run_id,
         prune_parent_run_id=prune.parent_run_id if prune is not None else None,
+        prune_rule=dict(prune.rule) if prune is not None else {},
     )
 
 

@@ -24,26 +24,28 @@ import torch
 from matplotlib.figure import Figure
 
 from analysis import figures
+from analysis.gaussian_locality import CONV_LIKE_MAX_DISTANCE, CONV_LIKE_RULE
 from analysis.geometry import HEADS_COLUMNS, heads_frame
 from analysis.head_motion import (
     LAYER_COLUMNS,
-    MATCH_TOLERANCE,
     MIN_PEAK,
     RADIUS,
     TOLERANCE,
     finding_summary,
     gap_to_baseline,
     motion_frame,
+    uniform_heads,
 )
+from analysis.noise import difference_noise, within_noise
+from analysis.prune_rule import describe_rule, is_papers_rule, not_comparable_note
 from analysis.report import FigureEntry, Section, render_report
 from analysis.runs import LoadedRun, LoadedStudy
 from analysis.table import (
-    CONV_LIKE_MAX_DISTANCE,
-    CONV_LIKE_RULE,
     accuracy_table,
     as_integers,
     conv_like_table,
     format_conv_like,
+    mark_not_comparable,
     metrics_summary,
     quoted_table,
     size_metrics,
@@ -170,7 +172,7 @@ def head_motions(study: LoadedStudy) -> dict[str, pd.DataFrame]:
         if run.source != "tune" or not run.head_history or not isinstance(run.model, SelfAttentionNet):
             continue
         try:
-            motions[run.run_id] = motion_frame(run.head_history, run.model.grid)
+            motions[run.run_id] = motion_frame(run.head_history)
         except ValueError as err:  # a history that does not start at the initialisation, or mismatched heads
             log.warning("head motion of %s seed %d (run %s) not measured: %s", run.variant, run.seed, run.run_id, err)
     return motions
@@ -229,8 +231,13 @@ def _gap_sentence(fx: _Figures, baseline: str | None, gaps: Mapping[str, float])
     for name, gap in gaps.items():
         acc = fx.outputs.summary.get(name, {}).get("test_acc_mean")
         text = f"{fx.label(name)} {_fmt_gap(gap)}" + (f" ({100 * acc:.2f}%)" if math.isfinite(gap) else "")
+        if math.isfinite(gap) and fx.test_images and within_noise(base, acc, fx.test_images):
+            text += f", within the test set's noise (±{100 * difference_noise(base, acc, fx.test_images):.1f})"
         paper = fx.variants[name].paper if name in fx.variants else None
-        if paper is not None and paper.accuracy is not None and paper_base is not None and paper_base.accuracy:
+        other_rule = name in fx.variants and fx.variants[name].pruned_from and not is_papers_rule(fx.study.prune_rule)
+        if other_rule:
+            text += ", not the paper's pruning rule"
+        elif paper is not None and paper.accuracy is not None and paper_base is not None and paper_base.accuracy:
             text += f", paper {100 * (paper_base.accuracy - paper.accuracy):.1f}"
         parts.append(text)
     return (
@@ -251,19 +258,24 @@ def _finding_section(
         "layers move to distinct shifts around the query pixel and sharpen there, like the taps of a convolution "
         "kernel. Measured here from each run's own head history (every head's centre and Sigma^-1 per epoch, "
         "epoch 0 = initialisation; `tables/head_motion.csv` has every epoch) by `analysis/head_motion.py`, in tokens "
-        "(one token = one attention-grid position), init -> last epoch:\n\n"
+        "(one token = one attention-grid position), init -> last epoch. Every locality number is the head's own "
+        "Gaussian for a query with all its keys (an unbounded grid, `analysis/gaussian_locality.py`), so it means "
+        "the same on any grid; the trial's own measure, truncated at the grid's borders, is the locality figure's. "
+        "Degenerate heads (largest eigenvalue of Sigma^-1 below the paper's 1e-5: they attend uniformly and their "
+        "centre means nothing) are named under the table and left out of every mean and count. A thin stripe (the "
+        "generalized encoding's heads with condition numbers above 1e3) is summed over a window of 64 tokens along "
+        "its line and reads a distance of 10 or more: it does look far, and one such head moves its layer's mean:\n\n"
         "- **displacement**: mean distance of the layer's head centres from where they were initialised;\n"
         "- **centre to query**: mean distance of the head centres from the query;\n"
-        "- **attention distance**: mean over heads and queries of E[||key - query||] under the head's attention;\n"
-        f"- **peak**: mean over heads of the largest attention probability of a query ({RADIUS} tokens from every "
-        "border);\n"
-        f"- **heads at distinct shifts**: the most heads that can each be given an integer shift s of their own "
-        f"(max(|s_row|, |s_col|) <= {RADIUS}, a {2 * RADIUS + 1}x{2 * RADIUS + 1} neighbourhood of the query) "
-        f"within {MATCH_TOLERANCE:g} token of the head's centre, counting only sharp heads (peak >= {MIN_PEAK:g}): "
-        "a maximum one-to-one matching of heads to shifts, so two heads on one shift count once where no other "
-        "shift is within reach;\n"
-        f"- **kernel taps / shifts**: the stricter count: sharp heads within {TOLERANCE:g} token of an integer "
-        f"shift in that neighbourhood, and how many different shifts they occupy."
+        "- **attention distance**: mean over heads of E[||key - query||] under the head's attention;\n"
+        "- **peak**: mean over heads of the largest attention probability;\n"
+        f"- **heads at distinct shifts**: how many different integer shifts s (max(|s_row|, |s_col|) <= {RADIUS}, a "
+        f"{2 * RADIUS + 1}x{2 * RADIUS + 1} neighbourhood of the query) the sharp heads (peak >= {MIN_PEAK:g}) put "
+        "most of their mass on: two heads on one shift count once;\n"
+        "- **by position**: the same count over every head, sharp or not: beside the sharp count it shows whether "
+        "training moved the heads (position) or sharpened them already in place;\n"
+        f"- **kernel taps / shifts**: sharp heads within {TOLERANCE:g} token of an integer shift in that "
+        "neighbourhood, and how many different shifts they occupy."
     )
     rows = []
     order = {name: i for i, name in enumerate(fx.variants)}  # the study's order: the paper's models first
@@ -283,7 +295,8 @@ def _finding_section(
                     f"{row.mean_attention_distance:.2f}",
                     "peak": f"{row.peak_probability_init:.2f} -> {row.peak_probability:.2f}",
                     "heads at distinct shifts": f"{row.heads_at_distinct_shifts_init} -> "
-                    f"{row.heads_at_distinct_shifts} of {row.heads}",
+                    f"{row.heads_at_distinct_shifts} of {row.heads - row.degenerate}",
+                    "by position": f"{row.shifts_by_position_init} -> {row.shifts_by_position}",
                     "kernel taps / shifts": f"{row.kernel_heads} / {row.distinct_shifts}",
                 }
             )
@@ -292,10 +305,38 @@ def _finding_section(
         if rows
         else "No run of a Gaussian encoding (quadratic, generalized quadratic) kept a head history."
     )
-    gap_text = _gap_sentence(fx, baseline, gaps)
+    gap_text = _uniform_sentence(fx) + _gap_sentence(fx, baseline, gaps)
     return Section(
         "The paper's finding, measured: heads move to distinct shifts near the query",
         f"{intro}\n\n{table}\n\n{gap_text}",
+    )
+
+
+def _uniform_sentence(fx: _Figures) -> str:
+    """Per Gaussian-encoding run, the heads that became uniform, per layer with the epoch each did (or that none
+    did), so a reader knows which centres the means leave out. Ends with a blank line when not empty."""
+    parts = []
+    for run in fx.study.runs:
+        if run.source != "tune" or not run.head_history:
+            continue
+        layers = [(i + 1, heads) for i, heads in enumerate(uniform_heads(run.head_history)) if heads]
+        if not layers:
+            parts.append(f"{fx.label(run.variant)} seed {run.seed}: none")
+            continue
+        parts.append(
+            f"{fx.label(run.variant)} seed {run.seed}: "
+            + "; ".join(
+                f"layer {layer}: {len(heads)} head{'s' if len(heads) > 1 else ''} "
+                f"({', '.join(str(h + 1) for h, _ in heads)}) became uniform, at epoch{'s' if len(heads) > 1 else ''} "
+                f"{', '.join(str(e) for _, e in heads)}"
+                for layer, heads in layers
+            )
+        )
+    if not parts:
+        return ""
+    return (
+        "Degenerate heads (uniform: largest eigenvalue of Sigma^-1 below 1e-5), left out of the means and counts "
+        "above and drawn grey in Fig. 2 and the contour figures: " + ". ".join(parts) + ".\n\n"
     )
 
 
@@ -356,8 +397,15 @@ def plot_frame(frame: pd.DataFrame, variants: list[Variant]) -> pd.DataFrame:
 class _Figures:
     """Builds each figure (or says why not), saves it, and collects its report entry."""
 
-    def __init__(self, study: LoadedStudy, layout: Layout, outputs: Outputs, variants: list[Variant]) -> None:
-        self.study, self.layout, self.outputs = study, layout, outputs
+    def __init__(
+        self,
+        study: LoadedStudy,
+        layout: Layout,
+        outputs: Outputs,
+        variants: list[Variant],
+        test_images: int | None = None,
+    ) -> None:
+        self.study, self.layout, self.outputs, self.test_images = study, layout, outputs, test_images
         self.variants = {v.name: v for v in variants}
 
     def add(
@@ -423,9 +471,11 @@ def _trajectories(
         f"displacement and its heads at distinct shifts. Layer 1: the heads moved {first.displacement:.2f} tokens "
         f"on average, their mean distance from the query went {first.centre_norm_init:.2f} -> "
         f"{first.centre_norm:.2f} and their attention distance {first.mean_attention_distance_init:.2f} -> "
-        f"{first.mean_attention_distance:.2f}, and {first.heads_at_distinct_shifts:.0f} of {first.heads:.0f} heads sit "
-        f"within {MATCH_TOLERANCE:g} token of a distinct shift near the query (at init: "
-        f"{first.heads_at_distinct_shifts_init:.0f}).{gap} The paper draws layer 4 after 300 epochs on CIFAR-10, its "
+        f"{first.mean_attention_distance:.2f}; its sharp heads put most of their mass on "
+        f"{first.heads_at_distinct_shifts:.0f} distinct shifts near the query (at init: "
+        f"{first.heads_at_distinct_shifts_init:.0f}; by position alone {first.shifts_by_position_init:.0f} -> "
+        f"{first.shifts_by_position:.0f}), and {first.degenerate:.0f} of {first.heads:.0f} heads became uniform "
+        f"(grey, left out of these numbers).{gap} The paper draws layer 4 after 300 epochs on CIFAR-10, its "
         "centres spread to distinct shifts around the query like the positions of a convolution kernel."
     )
     return fig, sentence
@@ -441,10 +491,16 @@ def _pruned_marks(fx: _Figures, variant: str, run: LoadedRun, layers: int) -> tu
         return set(), " No heads are marked: " + ("none was pruned." if models else "another seed was pruned.")
     pruned = models[0].pruned_heads
     per_layer = [sum(1 for layer, _ in pruned if layer == i) for i in range(layers)]
-    sentence = f" The prune stage cut {len(pruned)} heads (per layer {per_layer}; grey dashed with x)"
+    rule = fx.study.prune_rule
+    sentence = (
+        f" The prune stage cut {len(pruned)} heads by {describe_rule(rule)}, per layer {per_layer} (grey dashed with x)"
+    )
     if variant == "sa_generalized_9":
         paper = list(PAPER_PRUNED_HEADS)
-        sentence += f"; the paper cut {sum(paper)} of 54 (per layer {paper}), the degenerate ones"
+        if is_papers_rule(rule):
+            sentence += f"; the paper's rule cut {sum(paper)} of its 54 trained heads (per layer {paper})"
+        else:
+            sentence += f"; the paper cut {sum(paper)} of 54 by its own rule, a different experiment"
     return pruned, sentence + "."
 
 
@@ -468,15 +524,15 @@ def _contours(
         per_layer = ", ".join(f"{row.heads_at_distinct_shifts}" for row in summary.itertuples())
         first = summary.iloc[0]
         measured = (
-            f" Layer 1 moved {first.displacement:.2f} tokens from its initialisation; heads within "
-            f"{MATCH_TOLERANCE:g} token of a distinct shift near the query, per layer: {per_layer} (of "
-            f"{first.heads:.0f})."
+            f" Layer 1 moved {first.displacement:.2f} tokens from its initialisation; distinct shifts near the "
+            f"query that sharp heads occupy, per layer: {per_layer} (of {first.heads:.0f} heads)."
         )
     if variant in gaps:
         measured += f" Accuracy gap to ResNet18: {_fmt_gap(gaps[variant])}."
     sentence = (
         f"Each head's Gaussian attention around the query pixel (50% and 90% of its mass) in every layer after "
-        f"training; mean attention distance per layer {', '.join(f'{d:.2f}' for d in distance)} tokens.{measured} "
+        f"training; mean attention distance per layer (the trial's, truncated at the grid's borders) "
+        f"{', '.join(f'{d:.2f}' for d in distance)} tokens.{measured} "
         "In the paper the heads of the early layers attend to distinct nearby shifts (a grid like a convolution "
         "kernel) and the deeper layers attend further and wider." + pruning
     )
@@ -538,7 +594,7 @@ def _locality(fx: _Figures, locality: pd.DataFrame, offsets: dict[str, float]) -
         return "no self-attention run kept a locality history"
     variants = [v for v in fx.variants.values() if v.name in set(locality["variant"])]
     markers = {v: {"pruning": offset} for v, offset in offsets.items()}
-    threshold = (CONV_LIKE_MAX_DISTANCE, f"convolution-like: <= {CONV_LIKE_MAX_DISTANCE} tokens")
+    threshold = (CONV_LIKE_MAX_DISTANCE, f"a 3x3 kernel's reach: {CONV_LIKE_MAX_DISTANCE} tokens")
     fig = figures.locality_curves(locality, variants, threshold=threshold, markers=markers)
     changes = []
     for variant in variants:
@@ -547,8 +603,11 @@ def _locality(fx: _Figures, locality: pd.DataFrame, offsets: dict[str, float]) -
     sentence = (
         "Beyond the paper: each layer's mean attention distance (tokens; the mean over its heads), measured by the "
         "trial on each layer's own input at every epoch (epoch 0: before training) and logged to MLflow as "
-        f"`locality/layer<l>/mean_distance`; averaged over layers, first -> last epoch: {'; '.join(changes)}. The "
-        f"dotted line is the convolution-like threshold: {CONV_LIKE_RULE}. The paper's Figs. 3/7 show the end "
+        f"`locality/layer<l>/mean_distance` (from step 0); averaged over layers, first -> last epoch: "
+        f"{'; '.join(changes)}. Truncated at the grid's borders, where keys end: these numbers depend on the grid "
+        "(a uniform head reads 4.14 tokens on an 8x8 grid, 8.33 on 16x16) and compare epochs and layers of one run, "
+        "not grids; the finding's section and the convolution-like table use each Gaussian head's own, "
+        "grid-independent numbers. The dotted line is a 3x3 kernel's reach. The paper's Figs. 3/7 show the end "
         "state: early layers local, deeper layers wider."
     )
     return fig, sentence
@@ -577,14 +636,23 @@ def _likeness(fx: _Figures, variant: str) -> tuple[Figure, str] | str:
     if isinstance(run, str):
         return run
     heads = heads_table_of(run)
+    gaussian = fx.variants[variant].config.get("encoding") in GAUSSIAN_ENCODINGS
+    if gaussian:  # the head's own peak (grid-independent; NaN, blank, for a uniform head)
+        heads = heads.assign(peak_probability=heads["gaussian_peak"])
     title = f"Convolution-likeness of {fx.label(variant)}, seed {run.seed} (1 = attends to one shift)"
     fig = figures.convolution_likeness(heads, title=title)
     peak = heads["peak_probability"]
+    measured = (
+        "of its own Gaussian on an unbounded grid (blank: a uniform head)"
+        if gaussian
+        else "over interior queries of the trial's grid (no Gaussian: truncated at the grid's borders)"
+    )
+    rule = CONV_LIKE_RULE if gaussian else CONV_LIKE_RULE.split(", both from")[0] + ", from the same truncated measures"
     sentence = (
-        f"Beyond the paper: each head's peak attention probability (interior queries) in {fx.label(variant)}; mean "
-        f"{peak.mean():.2f}, {int((peak > 0.5).sum())} of {len(heads)} heads above 0.5. A head of Theorem 1's "
-        "convolution attends with probability ~1 to one shift; the paper's trained quadratic heads are sharp in early "
-        "layers."
+        f"Beyond the paper: each head's peak attention probability, {measured}, in {fx.label(variant)}; mean "
+        f"{peak.mean():.2f}, {int((peak >= 0.5).sum())} of {len(heads)} heads at 0.5 or above, "
+        f"{int(heads['conv_like'].sum())} convolution-like ({rule}). A head of Theorem 1's convolution "
+        "attends with probability ~1 to one shift; the paper's trained quadratic heads are sharp in early layers."
     )
     return fig, sentence
 
@@ -615,15 +683,43 @@ def _conv_like_section(conv_like: pd.DataFrame) -> Section:
     return Section("Convolution-like heads per layer", f"{intro}\n\n{body}")
 
 
-def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout) -> Outputs:
-    """Write every output under ``layout``; returns what was written (for MLflow) and the tables."""
+def noise_note(table: pd.DataFrame, test_images: int | None) -> str:
+    """What the test set's size allows: the intervals, and each pair of variants whose difference is smaller than
+    the binomial noise (``analysis.noise``), so the table is not read as ranking them."""
+    if not test_images:
+        return "The test set's size was not known to the analysis: no intervals are given."
+    rows = [r for r in table.to_dict("records") if r["n"] and math.isfinite(r["test_acc_mean"])]
+    ties = [
+        f"{a['model']} / {b['model']} ({100 * abs(a['test_acc_mean'] - b['test_acc_mean']):.2f} points, noise "
+        f"±{100 * difference_noise(a['test_acc_mean'], b['test_acc_mean'], test_images):.2f})"
+        for i, a in enumerate(rows)
+        for b in rows[i + 1 :]
+        if within_noise(a["test_acc_mean"], b["test_acc_mean"], test_images)
+    ]
+    text = (
+        f"Test set: {test_images} images, so one image is {100 / test_images:.2f} points; in brackets each accuracy's "
+        "binomial 95 % interval (Wilson; over the seeds' pooled answers), the test set's sampling noise alone."
+    )
+    if ties:
+        text += " Differences smaller than that noise (95 %), which this test set cannot order: " + "; ".join(ties)
+    return text + "."
+
+
+def write_outputs(
+    study: LoadedStudy, setting: Mapping[str, Any], layout: Layout, test_images: int | None = None
+) -> Outputs:
+    """Write every output under ``layout``; returns what was written (for MLflow) and the tables. ``test_images``:
+    the test set's size, for the accuracies' binomial intervals."""
     variants = describe_variants(study.configs())
     runs = study.frame()
-    table = accuracy_table(runs, variants)
+    table = accuracy_table(runs, variants, test_images=test_images)
+    if not is_papers_rule(study.prune_rule):
+        pruned = [v.name for v in variants if v.pruned_from is not None]
+        table = mark_not_comparable(table, pruned, not_comparable_note(study.prune_rule))
     heads = heads_table(study)
     locality = study.locality()
     conv_like = conv_like_table(
-        heads[["variant", "seed", "layer", "head", "mean_distance"]] if len(heads) else heads, variants
+        heads[["variant", "seed", "layer", "head", "conv_like"]] if len(heads) else heads, variants
     )
     outputs = Outputs(table=table, heads=heads, summary=metrics_summary(runs, variants), conv_like=conv_like)
     log.info("tables -> %s", layout.tables)
@@ -653,7 +749,7 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
     log.info("figures -> %s", layout.figures)
     for stale in layout.figures.glob("*.png") if layout.figures.is_dir() else []:
         stale.unlink()  # a figure skipped this time must not survive from an earlier run
-    fx = _Figures(study, layout, outputs, variants)
+    fx = _Figures(study, layout, outputs, variants, test_images)
     markers = {
         "pruning" if len(set(offsets.values())) == 1 else f"{fx.label(v)}: pruning": epoch
         for v, epoch in offsets.items()
@@ -712,7 +808,10 @@ def write_outputs(study: LoadedStudy, setting: Mapping[str, Any], layout: Layout
         _conv_like_section(conv_like),
     ]
     quoted = quoted_table().to_markdown(index=False, disable_numparse=True)
-    report = render_report(setting, table_md, outputs.figures, outputs.skipped, notes, sections, not_run, quoted)
+    report = render_report(
+        setting, table_md, outputs.figures, outputs.skipped, notes, sections, not_run, quoted,
+        noise_note(table, test_images),
+    )  # fmt: skip
     write_text_atomic(layout.report, report)
     outputs.files["report"] = [layout.report]
     log.info("report -> %s", layout.report)

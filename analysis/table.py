@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.noise import wilson_interval
 from analysis.variants import Variant, describe_variants
 from pipeline.measure.reference import QUOTED_BASELINES, QuotedBaseline
 from pipeline.sweep.manifest import FINISHED  # a trial that trained all its epochs; other labels are no final result
@@ -43,7 +44,7 @@ NOT_IN_PAPER = "not in the paper"
 # Formatted column names, in order (numeric table columns are documented in ``accuracy_table``).
 DISPLAY_COLUMNS = [
     "model",
-    "final-epoch test acc % (mean ± std, n seeds)",
+    "final-epoch test acc % (mean ± std, n seeds) [binomial 95 % interval]",
     BEST_LABEL,
     "paper test acc %",
     "params (ours / paper)",
@@ -51,11 +52,6 @@ DISPLAY_COLUMNS = [
     f"FLOPs, {FLOPS_FULL_LABEL} (ours)",
     "note",
 ]
-
-# A head is convolution-like when its mean attention distance is at most this many tokens: the reach of a 3x3 kernel,
-# whose farthest (corner) shifts are sqrt(2) ~ 1.41 tokens from the query.
-CONV_LIKE_MAX_DISTANCE = 1.5
-CONV_LIKE_RULE = f"mean attention distance <= {CONV_LIKE_MAX_DISTANCE} tokens (the reach of a 3x3 kernel)"
 
 
 def _complete_columns(runs: pd.DataFrame | None) -> pd.DataFrame:
@@ -88,7 +84,9 @@ def _std(values: pd.Series) -> float:
     return float(values.std(ddof=1)) if len(values) > 1 else math.nan
 
 
-def _variant_row(variant: Variant, runs: pd.DataFrame, expected_epochs: int | None) -> dict[str, Any]:
+def _variant_row(
+    variant: Variant, runs: pd.DataFrame, expected_epochs: int | None, test_images: int | None
+) -> dict[str, Any]:
     paper = variant.paper
     finished = runs[(runs["status"] == FINISHED) & runs["test_acc"].notna()]
     if expected_epochs is not None:
@@ -107,16 +105,21 @@ def _variant_row(variant: Variant, runs: pd.DataFrame, expected_epochs: int | No
         notes.append(f"{left_out} of {len(runs)} runs left out ({statuses})")
     if short.any():
         notes.append(f"{int(short.sum())} finished with fewer than {expected_epochs} epochs")
+    mean = float(finished["test_acc"].mean()) if len(finished) else math.nan
+    low, high = wilson_interval(mean, (test_images or 0) * len(finished))  # the seeds' answers pooled
     return {
         "variant": variant.name,
         "model": variant.label,
         "n": len(finished),
-        "test_acc_mean": float(finished["test_acc"].mean()) if len(finished) else math.nan,
+        "test_acc_mean": mean,
         "test_acc_std": _std(finished["test_acc"]),
+        "test_acc_low": low,
+        "test_acc_high": high,
         "best_test_acc_mean": float(finished["best_test_acc"].mean()) if len(finished) else math.nan,
         "best_test_acc_std": _std(finished["best_test_acc"].dropna()),
         "in_paper": paper is not None,
         "paper_acc": math.nan if paper is None or paper.accuracy is None else paper.accuracy,
+        "comparable": True,
         "params": _first(runs["params"]),
         "paper_params": math.nan if paper is None else float(paper.params),
         "flops_paper": _first(runs["flops_paper"]),
@@ -133,7 +136,10 @@ def variants_of(runs: pd.DataFrame | None) -> list[Variant]:
 
 
 def accuracy_table(
-    runs: pd.DataFrame | None, variants: Sequence[Variant] | None = None, expected_epochs: int | None = None
+    runs: pd.DataFrame | None,
+    variants: Sequence[Variant] | None = None,
+    expected_epochs: int | None = None,
+    test_images: int | None = None,
 ) -> pd.DataFrame:
     """One row per variant (``variants``, default: every variant of ``runs``), in that order, from one row per run.
 
@@ -148,17 +154,20 @@ def accuracy_table(
     frame = _complete_columns(runs)
     variants = variants_of(frame) if variants is None else variants
     return pd.DataFrame(
-        [_variant_row(v, frame[frame["variant"] == v.name], expected_epochs) for v in variants],
+        [_variant_row(v, frame[frame["variant"] == v.name], expected_epochs, test_images) for v in variants],
         columns=[
             "variant",
             "model",
             "n",
             "test_acc_mean",
             "test_acc_std",
+            "test_acc_low",
+            "test_acc_high",
             "best_test_acc_mean",
             "best_test_acc_std",
             "in_paper",
             "paper_acc",
+            "comparable",
             "params",
             "paper_params",
             "flops_paper",
@@ -167,6 +176,17 @@ def accuracy_table(
             "note",
         ],
     )
+
+
+def mark_not_comparable(table: pd.DataFrame, variants: Sequence[str], note: str) -> pd.DataFrame:
+    """``table`` with the rows of ``variants`` marked as another experiment than the paper's (e.g. a model pruned by
+    another rule): their paper accuracy is dropped, never shown beside theirs, and ``note`` says why."""
+    marked = table.copy()
+    rows = marked["variant"].isin(list(variants))
+    marked.loc[rows, "comparable"] = False
+    marked.loc[rows, "paper_acc"] = math.nan
+    marked.loc[rows, "note"] = marked.loc[rows, "note"].map(lambda old: "; ".join(filter(None, [old, note])))
+    return marked
 
 
 def describe_setting(setting: Mapping[str, Any]) -> str:
@@ -190,6 +210,10 @@ def _pct(mean: float, std: float = math.nan, n: int | None = None) -> str:
     if n is not None and n > 1:
         text += f" ± {100 * std:.2f}" if math.isfinite(std) else ""
     return text + (f" (n={n})" if n is not None else "")
+
+
+def _interval(low: float, high: float) -> str:
+    return f" [{100 * low:.1f}, {100 * high:.1f}]" if math.isfinite(low) and math.isfinite(high) else ""
 
 
 def _exact(value: float) -> str:
@@ -218,10 +242,13 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
     for row in table.to_dict("records"):
         n, in_paper = int(row["n"]), bool(row["in_paper"])
         paper_acc = _pct(row["paper_acc"]) if math.isfinite(row["paper_acc"]) else "not given"
+        if not row.get("comparable", True):
+            paper_acc = "not comparable (note)"
+        interval = _interval(row.get("test_acc_low", math.nan), row.get("test_acc_high", math.nan))
         rows.append(
             [
                 row["model"],
-                _pct(row["test_acc_mean"], row["test_acc_std"], n) if n else "–",
+                _pct(row["test_acc_mean"], row["test_acc_std"], n) + interval if n else "–",
                 _pct(row["best_test_acc_mean"], row["best_test_acc_std"], n) if n else "–",
                 paper_acc if in_paper else NOT_IN_PAPER,
                 _beside(_exact(row["params"]), _exact(row["paper_params"]), in_paper),
@@ -264,16 +291,16 @@ def write_table(table: pd.DataFrame, setting: Mapping[str, Any], stem: Path | st
 
 
 def conv_like_table(heads: pd.DataFrame, variants: Sequence[Variant]) -> pd.DataFrame:
-    """Per variant and layer, how many heads are convolution-like (``CONV_LIKE_RULE``), from each head's last
-    measured locality: variant, model, layer, heads (in the layer), conv_like (mean over seeds), n (seeds).
+    """Per variant and layer, how many heads are convolution-like (``analysis.gaussian_locality.CONV_LIKE_RULE``):
+    variant, model, layer, heads (in the layer), conv_like (mean over seeds), n (seeds).
 
-    ``heads``: one row per run, layer and head with columns variant, seed, layer, head, mean_distance.
+    ``heads``: one row per run, layer and head with columns variant, seed, layer, head, conv_like (bool).
     """
     columns = ["variant", "model", "layer", "heads", "conv_like", "n"]
     if heads.empty:
         return pd.DataFrame(columns=columns)
     per_run = (
-        heads.assign(conv_like=heads["mean_distance"] <= CONV_LIKE_MAX_DISTANCE)
+        heads.assign(conv_like=heads["conv_like"].astype(bool))
         .groupby(["variant", "seed", "layer"], as_index=False)
         .agg(heads=("head", "size"), conv_like=("conv_like", "sum"))
     )

@@ -33,7 +33,6 @@ import torch
 import yaml
 
 from analysis.head_motion import (
-    MATCH_TOLERANCE,
     MIN_PEAK,
     RADIUS,
     TOLERANCE,
@@ -165,6 +164,8 @@ def heads_rows(motion: dict[str, pd.DataFrame]) -> list[dict[str, str]]:
                     "kernel_heads": f"{b.kernel_heads_init:.0f}->{b.kernel_heads:.0f}/{b.heads:.0f}",
                     "distinct_shifts": f"{b.distinct_shifts_init:.0f}->{b.distinct_shifts:.0f}",
                     "at_distinct_shifts": f"{b.heads_at_distinct_shifts_init:.0f}->{b.heads_at_distinct_shifts:.0f}",
+                    "by_position": f"{b.shifts_by_position_init:.0f}->{b.shifts_by_position:.0f}",
+                    "uniform": f"{b.degenerate_init:.0f}->{b.degenerate:.0f}",
                 }
             )
     return rows
@@ -209,19 +210,19 @@ def main(argv: list[str] | None = None) -> int:
     epochs = SMOKE_EPOCHS if args.smoke else args.epochs or params.train.epochs
     with bad_input_is_a_usage_error(parser):  # a missing or unreadable dataset (data.cifar10_path)
         data = prepare_dataset(params.data, args.params.resolve().parent)
-    grid = (data.image_shape[1] // params.model.downsample,) * 2
     finals, motion = {}, {}
     for variant in args.variants:
         finals[variant], heads = train_variant(params, variant, epochs, args.seed, data)
         if heads:  # Gaussian encodings only
-            motion[variant] = motion_frame(heads, grid)
+            motion[variant] = motion_frame(heads)
     print(setting(params, data, epochs, args))
     print()
     if motion:
         print(
             f"heads, init->end (tokens; kernel head: centre within {TOLERANCE} of an integer shift at most {RADIUS} "
-            f"from the query and >= {MIN_PEAK:.0%} of its attention on that key; at_distinct_shifts: the sharp heads "
-            f"(>= {MIN_PEAK:.0%}) each within {MATCH_TOLERANCE:g} token of such a shift of its own, a maximum matching)"
+            f"from the query and >= {MIN_PEAK:.0%} of its attention on that key; at_distinct_shifts: the distinct such "
+            f"shifts the sharp heads (>= {MIN_PEAK:.0%}) put most mass on; by_position: the same over all heads; "
+            "uniform: degenerate heads, left out of the rest; every measure from the head's own Gaussian, no grid)"
         )
         print(text_table(heads_rows(motion), numeric={"layer", "displacement"}))
         print()

@@ -1,6 +1,7 @@
 """Tables, figures and a report from the runs the tune (and prune) manifests name, fetched from MLflow.
 
-Reads:  params.yaml section data (the setting the report states); results/tune/manifest.json (stages.tune);
+Reads:  params.yaml section data (the setting the report states) and data/prepared/manifest.json (the test set's
+        size, for the accuracies' binomial intervals); results/tune/manifest.json (stages.tune);
         results/prune/manifest.json when present (stages.prune; without it the report says the pruned models wait).
         Every run is fetched by id from the manifest's MLflow tracking URI and its checkpoint/ artifact downloaded
         through MLflow, so this runs anywhere the MLflow server answers (never from the manifests' local paths).
@@ -55,6 +56,16 @@ def inputs_hash(data: dict, *manifests: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def test_set_size(prepared_dir: Path) -> int | None:
+    """The prepared test set's size (its manifest's ``num_test``), for the accuracies' intervals; None, with a
+    warning (the report says so too), when the prepared data is not on this machine."""
+    manifest = prepared_dir / "manifest.json"
+    if not manifest.is_file():
+        log.warning("no %s: the report's accuracies get no intervals", manifest)
+        return None
+    return int(json.loads(manifest.read_text(encoding="utf-8"))["num_test"])
+
+
 def stage(args: argparse.Namespace, params: Params) -> int:
     root = store_root(Path.cwd())  # the manifests' paths and the default store are the project's
     tune = read_tune_manifest(args.tune_manifest, root)  # bad input fails here, before anything is written
@@ -68,6 +79,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     from analysis.study import Layout, setting_of, write_outputs
 
     data = params.data.model_dump(mode="json")
+    test_images = test_set_size(Path(params.data.prepared_dir))
     with tempfile.TemporaryDirectory(prefix="analysis-artifacts-") as cache:
         log.info(
             "step 1/3: fetching %d runs from %s",
@@ -76,7 +88,8 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         )
         study = load_study(tune, prune, Path(cache))
         log.info("step 2/3: writing tables, figures and the report")
-        outputs = write_outputs(study, setting_of(data, study), Layout(Path.cwd()))
+        setting = setting_of(data, study) | ({"test images": test_images} if test_images else {})
+        outputs = write_outputs(study, setting, Layout(Path.cwd()), test_images)
     if args.no_mlflow:
         return 0
     log.info("step 3/3: logging the outputs to MLflow")

@@ -80,7 +80,7 @@ class _GaussianEncoding(PositionalEncoding):
         self.num_heads = num_heads
         self.centres = nn.Parameter(torch.randn(num_heads, 2) * centre_init_std)  # Delta, (H, 2)
 
-    def sigma_inv(self) -> Tensor:  # (H, 2, 2)
+    def sigma_inv(self, dtype: torch.dtype | None = None) -> Tensor:  # (H, 2, 2), in ``dtype`` (default: the params')
         raise NotImplementedError
 
     def scores(self, grid: tuple[int, int]) -> Tensor:
@@ -90,7 +90,9 @@ class _GaussianEncoding(PositionalEncoding):
         return -0.5 * torch.einsum("hqki,hij,hqkj->hqk", diff, self.sigma_inv(), diff)
 
     def head_geometry(self) -> dict[str, Tensor]:
-        return {"centres": self.centres.detach(), "sigma_inv": self.sigma_inv().detach()}
+        """``Sigma^-1`` in float64: a stripe's small eigenvalue lies below float32's resolution of its large one, so
+        ``S S^T`` in float32 gives condition numbers of 1e7-1e8 whatever the truth (and the pruning rule reads them)."""
+        return {"centres": self.centres.detach(), "sigma_inv": self.sigma_inv(torch.float64).detach()}
 
 
 class QuadraticEncoding(_GaussianEncoding):
@@ -100,9 +102,10 @@ class QuadraticEncoding(_GaussianEncoding):
         super().__init__(num_heads, centre_init_std)
         self.spreads = nn.Parameter(1.0 + torch.randn(num_heads) * spread_init_std)  # s, (H,)
 
-    def sigma_inv(self) -> Tensor:
-        eye = torch.eye(2, dtype=self.spreads.dtype, device=self.spreads.device)
-        return self.spreads.square()[:, None, None] * eye  # (H, 2, 2)
+    def sigma_inv(self, dtype: torch.dtype | None = None) -> Tensor:
+        spreads = self.spreads.to(dtype or self.spreads.dtype)
+        eye = torch.eye(2, dtype=spreads.dtype, device=spreads.device)
+        return spreads.square()[:, None, None] * eye  # (H, 2, 2)
 
     def scores(self, grid: tuple[int, int]) -> Tensor:
         # Same value as the generic quadratic form, without the 2x2 contraction.
@@ -123,8 +126,9 @@ class GeneralizedQuadraticEncoding(_GaussianEncoding):
         super().__init__(num_heads, centre_init_std)
         self.sqrt_sigma_inv = nn.Parameter(torch.eye(2) + torch.randn(num_heads, 2, 2) * spread_init_std)  # S
 
-    def sigma_inv(self) -> Tensor:
-        return self.sqrt_sigma_inv @ self.sqrt_sigma_inv.transpose(-1, -2)  # (H, 2, 2)
+    def sigma_inv(self, dtype: torch.dtype | None = None) -> Tensor:
+        s = self.sqrt_sigma_inv.to(dtype or self.sqrt_sigma_inv.dtype)  # (H, 2, 2)
+        return s @ s.transpose(-1, -2)  # (H, 2, 2)
 
     def prune(self, keep: list[int]) -> None:
         self.centres = _keep_rows(self.centres, keep)

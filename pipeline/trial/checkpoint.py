@@ -54,7 +54,7 @@ def head_snapshot(model: nn.Module, epoch: int) -> dict[str, Any] | None:
     geometry = model.head_geometry() if hasattr(model, "head_geometry") else None
     if geometry is None:
         return None
-    layers = [{key: value.float().cpu().tolist() for key, value in layer.items()} for layer in geometry]
+    layers = [{key: value.double().cpu().tolist() for key, value in layer.items()} for layer in geometry]  # exact
     return {"epoch": epoch, "layers": layers}
 
 

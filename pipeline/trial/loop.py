@@ -46,7 +46,7 @@ from pipeline.trial.checkpoint import (
 )
 from pipeline.trial.device import autocast, autocast_dtype, device_tags, resolve_device, synchronize
 from pipeline.trial.locality import LOCALITY_BATCH, layer_summary, measure_locality
-from pipeline.trial.report import METRIC_KEYS
+from pipeline.trial.report import INITIAL_PREFIX, METRIC_KEYS
 
 if TYPE_CHECKING:
     from pipeline.data.prepared import PreparedData
@@ -375,7 +375,8 @@ def run_trial(
     evaluation in eval mode after the epoch; ``lr`` is the rate of the epoch's last optimiser step;
     ``epoch_time_s`` times the training pass alone (no evaluation, no checkpoint) and ``images_per_s`` is the
     number of training images over it. A self-attention model adds ``locality/layer<l>/<metric>`` (each layer's
-    mean over its heads, ``pipeline.trial.locality``; per head in the checkpoint's locality history). Returns the
+    mean over its heads, ``pipeline.trial.locality``; per head in the checkpoint's locality history), and its first
+    epoch's report the same measured before training under ``initial/`` (``report.initial_metrics``). Returns the
     final epoch's metrics (the resumed checkpoint's when nothing was left to train).
     """
     if resume_from is not None and init_from is not None:
@@ -388,13 +389,14 @@ def run_trial(
     init = load_checkpoint(init_from) if init_from is not None else None
     trial = _start(model_cfg, train_cfg, data, device, resume=resume, init=init, heads_per_layer=heads_per_layer)
     on_device = DeviceData.from_prepared(data, device)
+    initial: dict[str, float] = {}  # epoch 0's locality summary, sent once with epoch 1's report
     if resume_from is not None:
         trial.head_history = load_head_history(resume_from)
         trial.locality_history = load_locality_history(resume_from)
     else:
         if (snapshot := head_snapshot(trial.model, 0)) is not None:
             trial.head_history = [snapshot]
-        _record_locality(trial, on_device)  # epoch 0: before training (a pruned model: right after pruning)
+        initial = _record_locality(trial, on_device)  # epoch 0: before training (a pruned model: after pruning)
     data_info = {"image_shape": list(data.image_shape), "num_classes": data.num_classes}
     log.info("trial on %s; epochs %d..%d", device_tags(train_cfg), trial.epoch + 1, train_cfg.epochs)
     if train_cfg.compile:
@@ -426,6 +428,8 @@ def run_trial(
         }
         metrics = {"epoch": trial.epoch} | {key: float(metrics[key]) for key in METRIC_KEYS[1:]}  # epoch stays an int
         metrics |= _record_locality(trial, on_device)
+        if trial.epoch == 1:
+            metrics |= {INITIAL_PREFIX + key: value for key, value in initial.items()}  # MLflow step 0
         trial.metrics_history.append(metrics)
         if (snapshot := head_snapshot(trial.model, trial.epoch)) is not None:
             trial.head_history.append(snapshot)

@@ -30,6 +30,18 @@ def epoch_metrics(report: dict[str, float]) -> dict[str, float]:
     }
 
 
+# The first epoch's report also holds what was measured before training (the locality of epoch 0, at init or right
+# after pruning), each key under this prefix: the driver logs them at MLflow step 0, so every locality curve starts
+# where training did. In the first report only, so a resumed trial never sends them twice.
+INITIAL_PREFIX = "initial/"
+
+
+def initial_metrics(report: dict[str, float]) -> dict[str, float]:
+    """The values of ``report`` measured before training (``INITIAL_PREFIX`` keys), without the prefix: MLflow's
+    metrics at step 0. Empty for every report but a fresh trial's first."""
+    return {key.removeprefix(INITIAL_PREFIX): float(v) for key, v in report.items() if key.startswith(INITIAL_PREFIX)}
+
+
 # For Tune's progress table only (not an MLflow metric): seconds left for this trial at its last epoch's pace.
 ETA_KEY = "eta_s"
 # Where the trial runs (node, device, precision), reported under this key and logged as run tags.

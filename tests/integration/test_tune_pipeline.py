@@ -103,8 +103,9 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
         locality = [key for key in run.data.metrics if key.startswith("locality/")]  # every layer, every metric
         assert len(locality) == (3 if tags["variant"] == "sa_quadratic_9" else 0), locality  # 1 layer x 3 metrics
         for key in ("test_acc", "train_loss", "images_per_s", *locality):
-            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
-            assert steps == [1, 2], (key, steps)  # the retry continued at epoch 2, nothing logged twice
+            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+            expected = [0, 1, 2] if key in locality else [1, 2]  # locality from step 0: before training
+            assert steps == expected, (key, steps)  # the retry continued at epoch 2, nothing logged twice
         artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")]
         assert "checkpoint/checkpoint.pt" in artifacts
         if tags["variant"] == "sa_quadratic_9":
@@ -332,7 +333,8 @@ def test_interrupted_sweep_restores(swept: dict, project: Project, project_param
         locality = ["locality/layer1/mean_distance"] if run.data.tags["variant"] == "sa_quadratic_9" else []
         for key in ("test_acc", *locality):
             steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
-            assert sorted(steps) == list(range(1, epochs + 1)), (key, steps)  # each epoch logged once
+            first = 0 if key in locality else 1  # locality from step 0: before training
+            assert sorted(steps) == list(range(first, epochs + 1)), (key, steps)  # each epoch logged once
     assert client.get_run(record["parent_run_id"]).info.status == "FINISHED"
 
 

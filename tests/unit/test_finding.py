@@ -60,8 +60,7 @@ def layer_one_displacement(params: Params, epochs: int) -> float:
 
     with pytest.raises(_Enough):
         run_trial(params.model_for("sa_quadratic_9"), train_cfg, data, reporter)
-    grid = (params.data.image_size // params.model.downsample,) * 2
-    frame = motion_frame(history, grid)
+    frame = motion_frame(history)
     return float(frame[(frame.epoch == epochs) & (frame.layer == 0)].displacement.item())
 
 

@@ -1,4 +1,5 @@
-"""The finding's measures on hand-built heads: displacement, kernel heads, distinct shifts and the accuracy gap."""
+"""The finding's measures on hand-built heads: displacement, kernel heads, distinct shifts, degenerate heads and the
+accuracy gap."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ import pytest
 
 from analysis.head_motion import (
     LAYER_COLUMNS,
+    distinct_modes,
     finding_summary,
     gap_to_baseline,
-    heads_at_distinct_shifts,
     kernel_shifts,
     layer_measures,
     motion_frame,
+    uniform_heads,
 )
 
-GRID = (8, 8)
 KERNEL_3X3 = [[r, c] for r, c in itertools.product((-1, 0, 1), repeat=2)]
 
 
@@ -46,7 +47,7 @@ def test_kernel_shifts_needs_a_near_integer_centre_within_the_radius_and_a_sharp
 
 def test_a_sharp_3x3_grid_is_nine_distinct_taps_and_a_broad_init_none() -> None:
     start = [[r + 0.3, c - 0.4] for r, c in KERNEL_3X3]  # 0.5 tokens from the grid
-    frame = motion_frame([snapshot(0, (start, 1.0)), snapshot(5, (KERNEL_3X3, 100.0))], GRID)
+    frame = motion_frame([snapshot(0, (start, 1.0)), snapshot(5, (KERNEL_3X3, 100.0))])
     assert list(frame.columns) == LAYER_COLUMNS
     init, end = frame.iloc[0], frame.iloc[1]
     assert (init.epoch, end.epoch) == (0, 5)
@@ -55,6 +56,8 @@ def test_a_sharp_3x3_grid_is_nine_distinct_taps_and_a_broad_init_none() -> None:
     assert init.peak_probability < 0.3
     assert end.kernel_heads == 9 and end.distinct_shifts == 9
     assert init.heads_at_distinct_shifts == 0 and end.heads_at_distinct_shifts == 9
+    assert init.shifts_by_position == 9 and end.shifts_by_position == 9  # by position the init is there already
+    assert init.degenerate == 0 == end.degenerate
     assert end.peak_probability > 0.99
     assert end.mean_attention_distance < init.mean_attention_distance  # sharper and closer
     assert end.centre_norm == pytest.approx(np.mean([np.hypot(r, c) for r, c in KERNEL_3X3]))
@@ -64,44 +67,61 @@ def test_heads_on_one_shift_count_once_and_layers_are_separate() -> None:
     crowded = [[1.0, 0.0]] * 4 + [[0.0, 1.0]]
     far = [[3.0, 3.0]] * 5
     history = [snapshot(0, (crowded, 1.0), (far, 1.0)), snapshot(1, (crowded, 100.0), (far, 100.0))]
-    end = layer_measures(history[1], history[0], GRID)
+    end = layer_measures(history[1], history[0])
     assert list(end.layer) == [0, 1]
     assert end.loc[0, "kernel_heads"] == 5 and end.loc[0, "distinct_shifts"] == 2
     assert end.loc[1, "kernel_heads"] == 0  # sharp, but 3 tokens away: outside a 5x5 kernel
-    # within one token, the four crowded heads spread over (1, 0) and its neighbours (0, 0), (2, 0), (1, +-1); the
-    # fifth head's (0, 1) is one of them, so 5 heads on 5 shifts
-    assert end.loc[0, "heads_at_distinct_shifts"] == 5 and end.loc[1, "heads_at_distinct_shifts"] == 0
-    assert layer_measures(history[1], history[0], GRID, radius=3).loc[1, "distinct_shifts"] == 1
+    # the four crowded heads put their mass on (1, 0), the fifth on (0, 1): two shifts, however many heads
+    assert end.loc[0, "heads_at_distinct_shifts"] == 2 and end.loc[1, "heads_at_distinct_shifts"] == 0
+    assert end.loc[0, "shifts_by_position"] == 2
+    assert layer_measures(history[1], history[0], radius=3).loc[1, "distinct_shifts"] == 1
 
 
 def test_histories_without_heads_or_without_the_initialisation() -> None:
-    assert motion_frame([], GRID).empty and list(motion_frame([], GRID).columns) == LAYER_COLUMNS
+    assert motion_frame([]).empty and list(motion_frame([]).columns) == LAYER_COLUMNS
     later = [snapshot(3, ([[0.0, 0.0]], 1.0))]
     with pytest.raises(ValueError, match="starts at epoch 3"):
-        motion_frame(later, GRID)
+        motion_frame(later)
     pruned = snapshot(1, ([[0.0, 0.0]], 1.0))
     with pytest.raises(ValueError, match="1 heads now, 2 at init"):
-        layer_measures(pruned, snapshot(0, ([[0.0, 0.0], [1.0, 1.0]], 1.0)), GRID)
+        layer_measures(pruned, snapshot(0, ([[0.0, 0.0], [1.0, 1.0]], 1.0)))
 
 
-def test_heads_at_distinct_shifts_is_a_largest_one_to_one_matching() -> None:
-    sharp = [0.9, 0.9]
-    # the first head's options (in shift order) are (-1, 0) then (0, 0); the second has only (-1, 0): a greedy
-    # assignment gives the first head (-1, 0) and strands the second; the matching moves the first to (0, 0)
-    assert heads_at_distinct_shifts([[-0.5, 0.0], [-1.0, 0.0]], sharp, tolerance=0.6) == 2
-    assert heads_at_distinct_shifts([[-1.0, 0.0], [-0.5, 0.0]], sharp, tolerance=0.6) == 2  # in either order
-    # two heads on one shift: within one token both have a shift of their own; within 0.3 only one of them
-    assert heads_at_distinct_shifts([[0.1, 0.0], [0.1, 0.0]], sharp) == 2
-    assert heads_at_distinct_shifts([[0.1, 0.0], [0.1, 0.0]], sharp, tolerance=0.3) == 1
-    # never more heads than the shifts within reach: five heads at the query have the query and its 4 neighbours
-    assert heads_at_distinct_shifts([[0.0, 0.0]] * 6, [0.9] * 6) == 5
-    # broad heads do not count; a sharp head counts when within one token of a shift in the 5x5 kernel
-    assert heads_at_distinct_shifts([[0.0, 0.0], [1.0, 1.0]], [0.4, 0.2]) == 0
-    assert heads_at_distinct_shifts([[2.9, 0.0], [3.1, 0.0], [2.8, 2.8]], [0.9] * 3) == 1  # only (2.9, 0) -> (2, 0)
-    assert heads_at_distinct_shifts([[2.9, 0.0]], [0.9], radius=1) == 0
-    assert heads_at_distinct_shifts(np.zeros((0, 2)), []) == 0
-    with pytest.raises(ValueError, match="2 centres but 1 peak"):
-        heads_at_distinct_shifts([[0.0, 0.0], [1.0, 0.0]], [0.9])
+def test_co_located_heads_count_once_and_never_more_than_the_shifts_sharp_heads_occupy() -> None:
+    # two sharp heads 0.01 apart on either side of nothing: one shift, one count (a 1-token matching counted 2)
+    history = [snapshot(0, ([[0.1, 0.0], [0.11, 0.0]], 1.0)), snapshot(1, ([[0.1, 0.0], [0.11, 0.0]], 50.0))]
+    end = layer_measures(history[1], history[0]).iloc[0]
+    assert end.kernel_heads == 2 and end.distinct_shifts == 1 and end.heads_at_distinct_shifts == 1
+    # six heads at the query: one shift
+    six = [snapshot(0, ([[0.0, 0.0]] * 6, 1.0)), snapshot(1, ([[0.0, 0.0]] * 6, 50.0))]
+    assert layer_measures(six[1], six[0]).iloc[0].heads_at_distinct_shifts == 1
+    # by position the broad init counts where the heads are; sharpness gates the headline count
+    assert layer_measures(six[0], six[0]).iloc[0][["heads_at_distinct_shifts", "shifts_by_position"]].tolist() == [0, 1]
+
+
+def test_distinct_modes_counts_shifts_within_the_radius_once() -> None:
+    modes = [[0, 1], [0, 1], [2, -2], [3, 0]]
+    assert distinct_modes(modes, [True] * 4) == 2  # (3, 0) is outside the 5x5 neighbourhood
+    assert distinct_modes(modes, [True] * 4, radius=3) == 3
+    assert distinct_modes(modes, [False, True, False, True]) == 1
+    assert distinct_modes(np.zeros((0, 2)), []) == 0
+
+
+def test_degenerate_heads_are_counted_apart_and_named_with_the_epoch_they_became_uniform() -> None:
+    centres = [[1.0, 0.0], [5.0, 5.0], [0.0, 1.0]]
+    history = [snapshot(e, (centres, 1.0)) for e in range(3)]
+    flat = 1e-7  # below the paper's 1e-5
+    history[1]["layers"][0]["sigma_inv"][1] = [[flat, 0.0], [0.0, flat]]  # uniform at epoch 1, back at 2: not named
+    history[2]["layers"][0]["sigma_inv"][1] = [[flat, 0.0], [0.0, flat]]
+    history[2]["layers"][0]["sigma_inv"][0] = [[1.0, 0.0], [0.0, flat]]  # a stripe: not uniform
+    assert uniform_heads(history) == [[(1, 1)]]
+    history[1]["layers"][0]["sigma_inv"][1] = [[1.0, 0.0], [0.0, 1.0]]
+    assert uniform_heads(history) == [[(1, 2)]]
+    end = layer_measures(history[2], history[0]).iloc[0]
+    assert end.degenerate == 1
+    # the uniform head's far centre (5, 5) is left out of the means: only (1, 0) and (0, 1) count
+    assert end.centre_norm == pytest.approx(1.0)
+    assert uniform_heads([]) == []
 
 
 def test_finding_summary_gives_init_and_end_per_layer_numbered_from_one() -> None:
@@ -111,7 +131,7 @@ def test_finding_summary_gives_init_and_end_per_layer_numbered_from_one() -> Non
         snapshot(1, ([[0.0, 0.0]] * 9, 1.0), ([[3.0, 3.0]] * 2, 1.0)),
         snapshot(2, (KERNEL_3X3, 100.0), ([[2.0, 3.0]] * 2, 100.0)),
     ]
-    summary = finding_summary(motion_frame(history, GRID)).set_index("layer")
+    summary = finding_summary(motion_frame(history)).set_index("layer")
     assert list(summary.index) == [1, 2]
     first, second = summary.loc[1], summary.loc[2]
     assert first.epoch == 2 and first.heads == 9
@@ -121,8 +141,8 @@ def test_finding_summary_gives_init_and_end_per_layer_numbered_from_one() -> Non
     assert first.peak_probability_init < 0.3 < 0.99 < first.peak_probability
     assert first.mean_attention_distance < first.mean_attention_distance_init
     assert second.displacement == pytest.approx(1.0) and second.centre_norm_init == pytest.approx(np.hypot(3, 3))
-    assert second.heads_at_distinct_shifts == 1  # two sharp heads at (2, 3): only (2, 2) is within one token
-    assert finding_summary(motion_frame([], GRID)).empty
+    assert second.heads_at_distinct_shifts == 0  # two sharp heads at (2, 3): outside the 5x5 neighbourhood
+    assert finding_summary(motion_frame([])).empty
 
 
 def test_gap_to_baseline_in_points() -> None:

@@ -10,7 +10,8 @@ Why the driver writes everything instead of the trials:
 - ``MlflowTrialCallback`` keeps the ``trial_id -> run_id`` map in Tune's own experiment state (``get_state`` /
   ``set_state``), so a retried trial (``FailureConfig``) and a restored sweep (``Tuner.restore``) continue the run
   they started instead of opening a duplicate; the parent run id is kept next to that state (``parent.PARENT_FILE``);
-- metrics go out as one ``log_batch`` per epoch (``step=epoch``), only those ``epoch_metrics`` picks from the report,
+- metrics go out as one ``log_batch`` per epoch (``step=epoch``), only those ``epoch_metrics`` picks from the report
+  (with the first epoch, what was measured before training at step 0: ``initial_metrics``),
   not Ray's bookkeeping keys; the final checkpoint and head-centre history are uploaded once, when the trial ends,
   with the final model (an MLflow model) and the prepared dataset as the run's input, on a background thread
   (``trial_end``) so that Tune's event loop starts the next trial meanwhile; the checkpoint is read once there.
@@ -55,13 +56,27 @@ from pipeline.sweep.tracking.tags import (
 )
 from pipeline.sweep.tracking.trial_end import TrialEndWorker
 from pipeline.trial.checkpoint import CorruptCheckpointError, checkpoint_loads, load_checkpoint
-from pipeline.trial.report import CHECKPOINT_FILE, METRIC_KEYS, WHERE_KEY, UnretryableTrialError, epoch_metrics
+from pipeline.trial.report import (
+    CHECKPOINT_FILE,
+    METRIC_KEYS,
+    WHERE_KEY,
+    UnretryableTrialError,
+    epoch_metrics,
+    initial_metrics,
+)
 
 log = logging.getLogger(__name__)
 
 # Keys of run_trial's per-epoch report that every run has as MLflow metrics (``epoch`` is the step, not a metric); a
 # self-attention trial's report adds its locality/layer<l>/<metric> values (``report.epoch_metrics`` selects both).
 EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
+
+
+def _metrics(report: dict, epoch: int, now: int) -> list[Metric]:
+    """An epoch's MLflow metrics at ``step=epoch``, and with the first epoch those measured before training at step 0
+    (``report.initial_metrics``), so each locality curve starts at the initialisation."""
+    metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(report).items()]
+    return metrics + [Metric(k, v, now, 0) for k, v in initial_metrics(report).items()]
 
 
 @dataclass
@@ -390,7 +405,7 @@ class MlflowTrialCallback(Callback):
         now = int(time.time() * 1000)
         for report in missing:
             epoch = int(report["epoch"])
-            metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(report).items()]
+            metrics = _metrics(report, epoch, now)
             self.buffer.log_batch(run_id, metrics=metrics)
             self._logged_through[trial.trial_id] = epoch
         if missing:
@@ -410,7 +425,7 @@ class MlflowTrialCallback(Callback):
                 self.buffer.log_batch(run_id, tags=where)
             return
         now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(result).items()]  # locality/... too
+        metrics = _metrics(result, epoch, now)  # locality/... too, and epoch 0's with the first epoch
         self.buffer.log_batch(run_id, metrics=metrics, tags=where)
         self.epochs_logged += 1
 

@@ -103,7 +103,20 @@ def test_head_contours_of_a_flat_head_skip_its_contour(tmp_path: Path) -> None:
     geometry = [{"centres": np.array([[0.0, 1.0], [2.0, 2.0]]), "sigma_inv": np.stack([np.eye(2), np.zeros((2, 2))])}]
     fig = figures.head_contours(geometry)
     assert len([ln for ln in fig.axes[0].get_lines() if len(ln.get_xdata()) > 1]) == 2  # only head 1's two rings
+    assert "uniform head (no position)" in [t.get_text() for t in fig.legends[0].get_texts()]
     _check_png(fig, tmp_path / "flat.png")
+
+
+def test_head_trajectories_draw_a_head_that_became_uniform_apart(tmp_path: Path) -> None:
+    flat = (np.eye(2) * 1e-7).tolist()  # below the paper's 1e-5: attends uniformly
+    history = [
+        {"epoch": e, "layers": [{"centres": [[0.5 * e, -1.0], [1.0, e]], "sigma_inv": [np.eye(2).tolist(), s]}]}
+        for e, s in ((0, np.eye(2).tolist()), (1, flat))
+    ]
+    fig = figures.head_trajectories(history, layers=[1], grid=(8, 8))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "head 1" in labels and "head 2" not in labels and "became uniform (no position)" in labels
+    _check_png(fig, tmp_path / "uniform.png")
 
 
 def test_attention_maps_of_the_learned_encoding(tmp_path: Path) -> None:

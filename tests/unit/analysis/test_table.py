@@ -12,7 +12,6 @@ import pytest
 
 from analysis.table import (
     BEST_LABEL,
-    CONV_LIKE_MAX_DISTANCE,
     DISPLAY_COLUMNS,
     FLOPS_FULL_LABEL,
     FLOPS_PAPER_LABEL,
@@ -195,16 +194,15 @@ def test_the_analysis_metrics_hold_only_sizes_no_accuracy_measured_by_another_st
     assert sizes["sa_quadratic_9"] == {"params": 1234, "flops_paper": 5_000_000_000, "flops_full": 7_000_000_000}
 
 
-def test_convolution_like_heads_are_counted_per_layer_against_the_stated_threshold() -> None:
-    near, far = CONV_LIKE_MAX_DISTANCE, CONV_LIKE_MAX_DISTANCE + 0.01
+def test_convolution_like_heads_are_counted_per_layer() -> None:
     heads = pd.DataFrame(
         [
-            {"variant": "sa_quadratic_9", "seed": seed, "layer": layer, "head": head, "mean_distance": distance}
-            for seed, distances in ((0, [near, far, 0.5]), (1, [near, far, far]))
+            {"variant": "sa_quadratic_9", "seed": seed, "layer": layer, "head": head, "conv_like": like}
+            for seed, likes in ((0, [True, False, True]), (1, [True, False, False]))
             for layer in (1, 2)
-            for head, distance in enumerate(distances if layer == 1 else [far, far, far], start=1)
+            for head, like in enumerate(likes if layer == 1 else [False] * 3, start=1)
         ]
-        + [{"variant": "sa_quadratic_heads4", "seed": 0, "layer": 1, "head": h, "mean_distance": 1.0} for h in (1, 2)]
+        + [{"variant": "sa_quadratic_heads4", "seed": 0, "layer": 1, "head": h, "conv_like": True} for h in (1, 2)]
     )
     table = conv_like_table(heads, VARIANTS)
     assert table[["variant", "layer", "heads", "conv_like", "n"]].values.tolist() == [

@@ -84,6 +84,23 @@ def test_threshold_rule_cuts_the_planted_flat_and_stripe_heads_only() -> None:
     assert _cut(loose) == [[1], [0], [2]]
 
 
+def test_condition_numbers_are_float64_not_float32_noise() -> None:
+    """A tilted stripe: ``S S^T`` in float32 loses the small eigenvalue (1e-12 of the large one) to rounding and
+    reads a condition number near 1e7-1e8 or inf; the geometry is computed in float64 and reads the truth."""
+    angle = torch.tensor(0.6)
+    rotation = torch.stack([torch.stack([angle.cos(), -angle.sin()]), torch.stack([angle.sin(), angle.cos()])])
+    tilted = rotation @ torch.diag(torch.tensor([1.0, 1e-6]))  # S: Sigma^-1 eigenvalues 1 and 1e-12
+    model = _model("sa_generalized_9")
+    _plant(model, {(0, 0): tilted})
+    s = model.layers[0].attention.encoding.sqrt_sigma_inv[0].detach().double()
+    truth = torch.linalg.eigvalsh(s @ s.T)  # of the float32 parameters, in float64
+    decision = head_decisions(covariance_geometry(model))[0][0]
+    assert decision.condition_number == pytest.approx(float(truth[1] / truth[0]), rel=1e-6)
+    assert decision.condition_number > 1e11
+    noisy = torch.linalg.eigvalsh((s.float() @ s.float().T).double())  # what float32 gave
+    assert not noisy[0] > 0 or float(noisy[1] / noisy[0]) < 1e10
+
+
 def test_singular_precision_has_infinite_condition_number_and_is_cut() -> None:
     model = _model("sa_generalized_9")
     _plant(model, {(0, 0): torch.tensor([[1.0, 0.0], [1.0, 0.0]])})  # S S^T = [[1, 1], [1, 1]]: eigenvalues 0, 2

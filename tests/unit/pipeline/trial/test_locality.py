@@ -18,7 +18,7 @@ from pipeline.models.sa_net import SelfAttentionNet, space_to_depth
 from pipeline.trial.checkpoint import load_locality_history
 from pipeline.trial.locality import head_locality, layer_summary, measure_locality
 from pipeline.trial.loop import run_trial
-from pipeline.trial.report import LOCALITY_METRICS, epoch_metrics, locality_key
+from pipeline.trial.report import LOCALITY_METRICS, epoch_metrics, initial_metrics, locality_key
 
 GRID = (6, 7)
 N = GRID[0] * GRID[1]
@@ -162,6 +162,11 @@ def test_every_epoch_reports_locality_and_keeps_every_heads_history_across_a_res
         assert keys == {locality_key(layer, metric) for layer in (1, 2) for metric in LOCALITY_METRICS}
     history = load_locality_history(tmp_path / "epoch3")
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]  # epoch 0: before training; the resume kept 0..2
+    # epoch 0's per-layer means ride with epoch 1's report only (MLflow step 0), never again after the resume
+    initial = initial_metrics(reports[0])
+    assert initial.keys() == {locality_key(layer, metric) for layer in (1, 2) for metric in LOCALITY_METRICS}
+    assert initial[locality_key(1, "entropy")] == pytest.approx(sum(history[0]["layers"][0]["entropy"]) / 3)
+    assert initial_metrics(reports[1]) == {} == initial_metrics(reports[2])
     assert all(len(layer[metric]) == 3 for h in history for layer in h["layers"] for metric in LOCALITY_METRICS)
     for report, snapshot in zip(reports, history[1:], strict=True):
         per_head = snapshot["layers"][1]["mean_distance"]

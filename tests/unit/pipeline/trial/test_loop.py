@@ -300,7 +300,7 @@ def test_init_from_starts_a_new_run_from_pruned_weights(tmp_path):
     start = model.head_geometry()
     assert history[0]["epoch"] == 0
     assert torch.tensor(history[0]["layers"][0]["centres"]).equal(start[0]["centres"])
-    assert torch.tensor(history[0]["layers"][1]["sigma_inv"]).equal(start[1]["sigma_inv"])
+    assert torch.tensor(history[0]["layers"][1]["sigma_inv"], dtype=torch.float64).equal(start[1]["sigma_inv"])
 
 
 def test_resume_refuses_a_different_config(tmp_path):

@@ -14,7 +14,7 @@ from pipeline.sweep.tracking.callback import EPOCH_METRICS, MlflowTrialCallback,
 from pipeline.sweep.tracking.parent import ParentRun
 from pipeline.sweep.tracking.store import ensure_experiment
 from pipeline.sweep.tracking.tags import NODES_TAG
-from pipeline.trial.report import WHERE_KEY, locality_key
+from pipeline.trial.report import INITIAL_PREFIX, WHERE_KEY, locality_key
 
 LOCALITY = locality_key(1, "mean_distance")  # one of a self-attention trial's per-epoch locality metrics
 
@@ -67,6 +67,8 @@ def _describe(config: dict) -> TrialInfo:
 
 def _report(callback: MlflowTrialCallback, trial: _Trial, epoch: int) -> None:
     result = {key: 0.5 for key in EPOCH_METRICS} | {"epoch": epoch, LOCALITY: 1.5 + epoch}
+    if epoch == 1:  # a fresh trial's first report carries what was measured before training
+        result[INITIAL_PREFIX + LOCALITY] = 1.5
     callback.on_trial_result(iteration=epoch, trials=[trial], trial=trial, result=result)
 
 
@@ -93,7 +95,9 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
     run = mlflow.get_run(first.runs["t1"])
     for key in ("test_acc", LOCALITY):  # the locality metrics a self-attention trial reports go with the others
         steps = [m.step for m in mlflow.get_metric_history(run.info.run_id, key)]
-        assert sorted(steps) == [1, 2, 3, 4], key
+        assert sorted(steps) == ([0] if key == LOCALITY else []) + [1, 2, 3, 4], key  # locality from its init
+    assert {m.step: m.value for m in mlflow.get_metric_history(run.info.run_id, LOCALITY)}[0] == 1.5
+    assert not [k for k in run.data.metrics if k.startswith(INITIAL_PREFIX)]  # the prefix is the report's only
     assert run.data.tags["tune.status"] == "finished" and run.info.status == "FINISHED"
 
 
@@ -131,6 +135,7 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
         _report(first, first_trial, epoch)
     run_id = first.runs["old"]
     history = [{"epoch": e, "train_loss": 1.0 / e, "test_acc": 0.1 * e, LOCALITY: 1.5 + e} for e in (1, 2, 3)]
+    history[0][INITIAL_PREFIX + LOCALITY] = 1.5  # already logged at step 0 with epoch 1
     (tmp_path / "checkpoint_000002").mkdir()
     torch.save({"epoch": 3, "metrics_history": history}, tmp_path / "checkpoint_000002" / "checkpoint.pt")
 
@@ -145,7 +150,7 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
     points = {m.step: m.value for m in mlflow.get_metric_history(run_id, "test_acc")}
     assert sorted(points) == [1, 2, 3, 4] and points[3] == pytest.approx(0.3)
     locality = {m.step: m.value for m in mlflow.get_metric_history(run_id, LOCALITY)}
-    assert sorted(locality) == [1, 2, 3, 4] and locality[3] == pytest.approx(4.5)
+    assert sorted(locality) == [0, 1, 2, 3, 4] and locality[3] == pytest.approx(4.5)
     run = mlflow.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["ray.trial_id"] == "new"
     assert run.data.tags["ray.trial_path"] == "/ray/experiment/new"
