@@ -1,4 +1,10 @@
-"""Models of the paper: the self-attention classifier, its positional encodings, ResNet18, and Theorem 1."""
+"""Models of the paper: the self-attention classifier, its positional encodings, ResNet18, and Theorem 1.
+
+positional.py (the three encodings), attention.py (multi-head self-attention), sa_net.py (the classifier),
+resnet.py (the baseline), conv_to_attention.py (Theorem 1 for one convolution), transformed_resnet.py (Theorem 1 on a
+whole ResNet18: every 3x3 convolution as attention), local_attention.py (truncated attention), pruning.py (which heads
+are degenerate, and removing them). ``build_model`` builds any of them from a ``ModelConfig``.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +35,10 @@ def build_model(
         from pipeline.models.resnet import ResNet18  # torchvision costs ~1.3 s to import: only when a ResNet is built
 
         return ResNet18(num_classes=num_classes, in_channels=in_channels, width=cfg.resnet_width)
+    if cfg.arch == "t_resnet18":  # the architecture only: its weights come from a converted ResNet18's checkpoint
+        from pipeline.models.transformed_resnet import TransformedResNet18
+
+        return TransformedResNet18(num_classes=num_classes, in_channels=in_channels, width=cfg.resnet_width)
     heads = heads_per_layer if heads_per_layer is not None else [cfg.heads] * cfg.layers
     if len(heads) != cfg.layers:
         raise ValueError(f"heads_per_layer has {len(heads)} entries for {cfg.layers} layers")
