@@ -80,7 +80,8 @@ def cka_figure(matrix: pd.DataFrame, title: str) -> Figure:
     ax = fig.subplots()
     sns.heatmap(matrix, ax=ax, vmin=0.0, vmax=1.0, cmap="viridis", annot=True, fmt=".2f", cbar_kws={"label": "CKA"})
     ax.set_xlabel("ResNet18")
-    ax.set_ylabel(matrix.index.name or "")
+    ax.set_ylabel("")  # the title names the variant; its layers label the rows
+    ax.tick_params(axis="y", rotation=0)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig

@@ -1,1 +1,2 @@
-"""The library: models, data, one trial (worker side), the sweep and pruning (driver side), measuring."""
+"""The library: models, data, one trial (worker side), the sweep, pruning and the transform stage (driver side),
+measuring."""
