@@ -10,7 +10,7 @@ LOCK_VENV := .lock-venv
 PORT ?= 5000
 # The reference metrics committed in git (dvc.yaml's metrics files): what `dvc metrics diff` / `dvc exp show` compare a
 # run against. dvc.lock and the manifests are not committed (README, 'The committed baseline', says why).
-BASELINE := results/tune/metrics.json results/prune/metrics.json results/analysis/metrics.json
+BASELINE := results/tune/metrics.json results/prune/metrics.json results/transform/metrics.json results/analysis/metrics.json
 
 .PHONY: install lock repro baseline test test-fast lint format describe ui gpu-wheels
 

@@ -1,12 +1,19 @@
 """The analysis stage's library: the runs the manifests name, from MLflow, into tables, figures and the report.
 
-- ``runs``         the runs a study's manifests name, fetched from MLflow (never "the latest runs")
-- ``study``        every output of the analysis from a loaded study
-- ``variants``     what the analysis shows for each variant: its name, colour, place and the paper's row
-- ``table``        the accuracy / size tables, ours beside the paper's
-- ``head_motion``  the paper's finding as numbers: how far heads travel, how sharp they get
-- ``geometry``     where each head looks: Gaussian contours, head tables, locality per epoch
-- ``figures``      the paper's figures and those beyond it
-- ``palette``      one colour per variant name, everywhere
-- ``report``       ``results/report.md``: the setting, the tables, every figure with a sentence
+- ``runs``               the runs a study's manifests name, fetched from MLflow (never "the latest runs"; the only
+                         module that imports it)
+- ``study``              every output of the analysis from a loaded study
+- ``variants``           what the analysis shows for each variant: its name, colour, place and the paper's row
+- ``table``              the accuracy / size tables, ours beside the paper's
+- ``noise``              the binomial intervals of accuracies on the test set's size, and differences within them
+- ``head_motion``        the paper's finding as numbers: how far heads travel, how sharp they get
+- ``gaussian_locality``  a Gaussian head's grid-independent distance, peak, entropy and mode; degenerate heads; the
+                         convolution-like rule
+- ``geometry``           where each head looks: Gaussian contours, head tables, locality per epoch
+- ``prune_rule``         the prune stage's rule in words
+- ``figures``            the paper's figures and those beyond it
+- ``palette``            one colour per variant name, everywhere
+- ``transform_report``   the section on the trained ResNet18 rebuilt as attention
+- ``cka``                linear CKA (Kornblith et al. 2019); ``cka_report``: its matrices, heat-maps and section
+- ``report``             ``results/report.md``: the setting, the tables, every figure with a sentence
 """

@@ -1,9 +1,9 @@
 """The runs a study's manifests name, fetched from MLflow: params, metrics, per-epoch curves and checkpoints.
 
 The only analysis module that imports MLflow. It fetches exactly the runs named in the tune manifest (and the prune
-manifest when there is one), by id, from the manifest's tracking URI, and downloads each run's ``checkpoint/``
-artifact (checkpoint.pt, head_history.json) through MLflow into a local folder: the manifests' local checkpoint
-paths are never read, so the analysis runs wherever the MLflow server can be reached (a workstation, not the
+and transform manifests when there are), by id, from the manifest's tracking URI, and downloads each run's
+``checkpoint/`` artifact (checkpoint.pt, head_history.json) through MLflow into a local folder: the manifests' local
+checkpoint paths are never read, so the analysis runs wherever the MLflow server can be reached (a workstation, not the
 cluster that trained). A run that is missing, failed, or has no usable checkpoint becomes a record with a
 ``reason``, never an exception.
 """
@@ -31,6 +31,7 @@ from pipeline.io import check_tracking_server
 from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.prune.manifest import PruneManifest
 from pipeline.sweep.manifest import COMPLETED, TuneManifest
+from pipeline.transform.manifest import TransformManifest
 from pipeline.trial.checkpoint import load_checkpoint, load_head_history, load_locality_history, model_from_payload
 from pipeline.trial.report import CHECKPOINT_FILE, LOCALITY_METRICS
 
@@ -50,7 +51,7 @@ class LoadedRun:
     variant: str  # ``<source variant>_pruned`` for a pruned model
     seed: int
     status: str  # the manifest's label (finished, error, ...) or ``missing``
-    source: str  # "tune" | "prune"
+    source: str  # "tune" | "prune" | "transform"
     reason: str | None = None
     params: dict[str, Any] = field(default_factory=dict)  # cast from MLflow's strings
     tags: dict[str, str] = field(default_factory=dict)  # the run's MLflow tags (device, device_name, ...)
@@ -93,6 +94,10 @@ class LoadedStudy:
     tune_parent_run_id: str
     prune_parent_run_id: str | None
     prune_rule: dict[str, Any] = field(default_factory=dict)  # the prune manifest's ``rule`` (mode, thresholds, ...)
+    # The transform stage's rebuilt networks (fine-tuning runs), apart from ``runs``: the report gives them a section
+    # of their own (``analysis.transform_report``) rather than rows of the paper's table.
+    transformed: list[LoadedRun] = field(default_factory=list)
+    transform: TransformManifest | None = None
 
     def frame(self) -> pd.DataFrame:
         """One row per run: the table's columns (``analysis.table.RUN_COLUMNS``) plus run_id, source, reason."""
@@ -265,9 +270,11 @@ def fetch(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) ->
     return record
 
 
-def load_study(tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path) -> LoadedStudy:
-    """Every run named by ``tune`` (and ``prune``), fetched from the tune manifest's tracking URI (the prune
-    manifest's, for its runs), checkpoints downloaded into ``cache_dir``."""
+def load_study(
+    tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path, transform: TransformManifest | None = None
+) -> LoadedStudy:
+    """Every run named by ``tune`` (and ``prune``, ``transform``), fetched from the tune manifest's tracking URI (the
+    prune manifest's, for its runs), checkpoints downloaded into ``cache_dir``."""
     check_tracking_server(tune.tracking_uri, "the tune manifest's tracking_uri")
     client = MlflowClient(tune.tracking_uri)
     runs = []
@@ -302,7 +309,13 @@ def load_study(tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path)
             )
             record.note(f"not pruned: {skipped.get('reason', 'no reason given')}")
             runs.append(record)
-    for record in runs:
+    transformed = []
+    for model in transform.models if transform is not None else []:
+        record = LoadedRun(model.run_id, model.name, int(model.seed), model.status, "transform")
+        record.source_run_id = model.source_run_id
+        log.info("fetching %s seed %d (run %s)", model.name, model.seed, model.run_id)
+        transformed.append(fetch(MlflowClient(transform.tracking_uri), transform.tracking_uri, record, cache_dir))
+    for record in [*runs, *transformed]:
         if record.reason:
             log.warning("%s seed %d: %s", record.variant, record.seed, record.reason)
     return LoadedStudy(
@@ -312,6 +325,8 @@ def load_study(tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path)
         tune_parent_run_id=tune.parent_run_id,
         prune_parent_run_id=prune.parent_run_id if prune is not None else None,
         prune_rule=dict(prune.rule) if prune is not None else {},
+        transformed=transformed,
+        transform=transform,
     )
 
 

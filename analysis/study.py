@@ -24,6 +24,7 @@ import torch
 from matplotlib.figure import Figure
 
 from analysis import figures
+from analysis.cka_report import write_cka
 from analysis.gaussian_locality import CONV_LIKE_MAX_DISTANCE, CONV_LIKE_RULE
 from analysis.geometry import HEADS_COLUMNS, heads_frame
 from analysis.head_motion import (
@@ -53,6 +54,7 @@ from analysis.table import (
     write_metrics,
     write_table,
 )
+from analysis.transform_report import write_transform
 from analysis.variants import Variant, describe_variants
 from pipeline.io import write_text_atomic
 from pipeline.measure.reference import PAPER_FIGURES, PAPER_PRUNED_HEADS
@@ -706,10 +708,15 @@ def noise_note(table: pd.DataFrame, test_images: int | None) -> str:
 
 
 def write_outputs(
-    study: LoadedStudy, setting: Mapping[str, Any], layout: Layout, test_images: int | None = None
+    study: LoadedStudy,
+    setting: Mapping[str, Any],
+    layout: Layout,
+    test_images: int | None = None,
+    images: torch.Tensor | None = None,
 ) -> Outputs:
     """Write every output under ``layout``; returns what was written (for MLflow) and the tables. ``test_images``:
-    the test set's size, for the accuracies' binomial intervals."""
+    the test set's size, for the accuracies' binomial intervals; ``images`` (normalised): what the representations
+    are compared on (CKA); without them that section says so."""
     variants = describe_variants(study.configs())
     runs = study.frame()
     table = accuracy_table(runs, variants, test_images=test_images)
@@ -807,6 +814,12 @@ def write_outputs(
         Section(finding.title, finding.body, finding_figures),
         _conv_like_section(conv_like),
     ]
+    # Beyond the paper, each in its own module: Theorem 1 on the trained ResNet18, and CKA against ResNet18.
+    transformed, transform_tables = write_transform(study, layout.tables, fx.add)
+    labels = {v.name: v.label for v in variants}
+    cka, cka_tables = write_cka(study, images, layout.tables, fx.add, labels)
+    sections += [*([transformed] if transformed else []), cka]
+    outputs.files["tables"] += [*transform_tables, *cka_tables]
     quoted = quoted_table().to_markdown(index=False, disable_numparse=True)
     report = render_report(
         setting, table_md, outputs.figures, outputs.skipped, notes, sections, not_run, quoted,

@@ -1,11 +1,15 @@
-"""The library: models, data, one trial (worker side), the sweep and pruning (driver side), measuring.
+"""The library: models, data, one trial (worker side), the sweep, pruning and the transform stage (driver side),
+measuring.
 
 - ``config``     ``params.yaml`` -> typed, validated configuration (errors name the key and the file)
 - ``io``         atomic writes, output-location checks, the failures that count as bad input
-- ``models/``    the encodings, the attention layer, the SA classifier, ResNet18, Theorem 1, the pruning rule
+- ``models/``    the encodings, the attention layer, the SA classifier, ResNet18 (and rebuilt as attention), Theorem 1,
+                 the pruning rule
 - ``data/``      the prepared format trials load, and where the images come from
 - ``trial/``     everything a Ray worker runs: the training loop, checkpoints, locality, the Tune trainable
-- ``sweep/``     the driver: the sweep, the tracked-run sequence tune and prune share, MLflow behind ``tracking/``
+- ``sweep/``     the driver: the sweep, the tracked-run sequence tune, prune and transform share, MLflow behind
+                 ``tracking/``
 - ``prune/``     the prune stage's driver: which heads go, evaluating, fine-tuning, its manifest
+- ``transform/`` the transform stage's driver: the trained ResNet18 rebuilt as attention, checked, fine-tuned
 - ``measure/``   parameter and FLOP counts, speed against the hardware, the paper's reference figures
 """

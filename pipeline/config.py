@@ -69,7 +69,9 @@ BatchSize = Annotated[int, Field(gt=0, le=1_000_000)]
 class ModelConfig(_Section):
     """Architecture of one model. The defaults are the paper's (Section 4.1, Appendix A.4)."""
 
-    arch: Literal["sa", "resnet18"] = "sa"
+    # t_resnet18: ResNet18 with its 3x3 convolutions as Theorem 1's attention (pipeline.models.transformed_resnet);
+    # only the transform section builds it, from a trained resnet18 (a variant cannot train it from scratch).
+    arch: Literal["sa", "resnet18", "t_resnet18"] = "sa"
     # Positional encoding of the attention scores; see pipeline.models.positional.ENCODINGS.
     encoding: EncodingName = "quadratic"
     heads: SmallCount = 9
@@ -349,6 +351,26 @@ class PruneConfig(_Section):
     epochs: Epochs = 100
 
 
+class TransformConfig(_Section):
+    """Theorem 1 on a trained network (beyond the paper): a trained ResNet18 of the sweep rebuilt as an exactly equal
+    attention network (every 3x3 convolution a 9-head quadratic attention layer), checked equal before any training,
+    then fine-tuned as attention (``pipeline.transform``)."""
+
+    # name -> the sweep's ResNet18 variant it is built from, seed by seed (the default study: {t_resnet18: resnet18}).
+    variants: dict[str, str] = Field(default_factory=dict)
+    # Fine-tuning: the sweep's train section with lr x lr_factor for `epochs` epochs; centres and spreads train too.
+    lr_factor: Annotated[float, Field(gt=0.0)] = 0.1
+    epochs: Epochs = 3
+
+    @field_validator("variants")
+    @classmethod
+    def _names(cls, variants: dict[str, str]) -> dict[str, str]:
+        for name in variants:
+            if not VARIANT_NAME.match(name):
+                raise ValueError(f".{name}: not a usable variant name (letters, digits, '_', '-', '.')")
+        return variants
+
+
 class TrackingConfig(_Section):
     """MLflow. ``uri`` None means an sqlite store at ``<project>/mlflow.db`` (never ``file:`` / ``./mlruns``)."""
 
@@ -414,6 +436,7 @@ class Params(_Section):
     variants: dict[str, VariantConfig] = Field(default_factory=lambda: dict(PAPER_VARIANTS), validate_default=True)
     sweep: SweepConfig = Field(default_factory=SweepConfig, validate_default=True)
     prune: PruneConfig = PruneConfig()
+    transform: TransformConfig = TransformConfig()
     tracking: TrackingConfig = TrackingConfig()
 
     @field_validator("grid")
@@ -477,6 +500,13 @@ class Params(_Section):
                 raise ValueError(
                     f"prune.variants: cannot prune {name!r}: {what}; prunable encodings: {sorted(GAUSSIAN_ENCODINGS)}"
                 )
+        for name, source in self.transform.variants.items():
+            where = f"transform.variants.{name}"
+            if name in self.variants:
+                raise ValueError(f"{where}: also the name of variants.{name}; a name means one thing")
+            if source not in self.variants or self.variants[source].arch != "resnet18":
+                resnets = sorted(v for v, cfg in self.variants.items() if cfg.arch == "resnet18")
+                raise ValueError(f"{where}: {source!r} is not a resnet18 variant; defined: {resnets}")
         if self.train.device == "cuda" and self.sweep.resources.gpu == 0:
             raise ValueError("train.device: 'cuda' needs sweep.resources.gpu > 0 (a trial gets only the GPUs it asks)")
         asha = self.sweep.asha
@@ -505,7 +535,10 @@ class Params(_Section):
         return [v for v in self.sweep.variants if self.variants[v].arch == "sa"]
 
     def model_for(self, variant: str) -> ModelConfig:
-        """The shared ``model`` section with the named variant's fields applied."""
+        """The shared ``model`` section with the named variant's fields applied; a ``transform`` variant is its
+        source's model as ``t_resnet18`` (the architecture its fine-tuning trials build)."""
+        if variant in self.transform.variants:
+            return self.model_for(self.transform.variants[variant]).model_copy(update={"arch": "t_resnet18"})
         if variant not in self.variants:
             raise KeyError(f"unknown variant {variant!r}; defined: {sorted(self.variants)}")
         return self.variants[variant].apply(self.model)

@@ -3,6 +3,7 @@
 - ``prepare``    the dataset as tensors (``data/prepared``)
 - ``tune``       every variant x seed as a Ray Tune trial, tracked in MLflow (``results/tune``)
 - ``prune``      degenerate heads cut and the pruned models fine-tuned (``results/prune``)
+- ``transform``  the trained ResNet18 rebuilt as an exactly equal attention network, fine-tuned (``results/transform``)
 - ``analyze``    tables, figures and the report from the manifests' runs (``results/``)
 - ``describe``   the parameter / FLOP table of the paper's models
 - ``ui``         the MLflow UI's address of the last sweep

@@ -1,8 +1,10 @@
 """Tables, figures and a report from the runs the tune (and prune) manifests name, fetched from MLflow.
 
-Reads:  params.yaml section data (the setting the report states) and data/prepared/manifest.json (the test set's
-        size, for the accuracies' binomial intervals); results/tune/manifest.json (stages.tune);
-        results/prune/manifest.json when present (stages.prune; without it the report says the pruned models wait).
+Reads:  params.yaml section data (the setting the report states) and data/prepared/ (its manifest: the test set's
+        size, for the accuracies' binomial intervals; its test images, which the representations are compared on:
+        CKA); results/tune/manifest.json (stages.tune);
+        results/prune/manifest.json when present (stages.prune; without it the report says the pruned models wait);
+        results/transform/manifest.json when present (stages.transform: the rebuilt ResNet18's section).
         Every run is fetched by id from the manifest's MLflow tracking URI and its checkpoint/ artifact downloaded
         through MLflow, so this runs anywhere the MLflow server answers (never from the manifests' local paths).
 Writes (one row, entry, series and figures per variant the manifests name, the paper's or not; docs/study.md):
@@ -16,6 +18,10 @@ Writes (one row, entry, series and figures per variant the manifests name, the p
                                                 self-attention variant its contours or attention maps (Figs. 3, 6, 7,
                                                 10 for the paper's) and convolution-likeness; per Gaussian encoding
                                                 its head centres during training (Fig. 2 for SA quadratic)
+        results/tables/transform_motion.csv     per rebuilt ResNet18 and converted layer: how far its heads moved
+                                                from their exact kernel taps during fine-tuning
+        results/tables/cka_<variant>.csv        per self-attention variant (and rebuilt ResNet18): linear CKA of each
+                                                of its layers against each ResNet18 stage, on the test set
         results/analysis/metrics.json           per variant: final accuracy, params, FLOPs (`dvc metrics show`)
         results/plots/accuracy.csv              variant, model, colour, seed, epoch, test_acc (`dvc plots show`)
         results/plots/locality.csv              ..., layer, mean_distance, entropy, peak_probability
@@ -35,17 +41,23 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.config import Params
 from pipeline.io import check_store
 from pipeline.prune.manifest import read_prune_manifest
 from pipeline.sweep.location import adopt_default_store, store_root
 from pipeline.sweep.manifest import read_tune_manifest
+from pipeline.transform.manifest import read_transform_manifest
 from stages._cli import main_for, make_parser
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("stages.analyze")
 TUNE_MANIFEST = Path("results/tune/manifest.json")
 PRUNE_MANIFEST = Path("results/prune/manifest.json")
+TRANSFORM_MANIFEST = Path("results/transform/manifest.json")
 
 
 def inputs_hash(data: dict, *manifests: Path) -> str:
@@ -70,6 +82,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     root = store_root(Path.cwd())  # the manifests' paths and the default store are the project's
     tune = read_tune_manifest(args.tune_manifest, root)  # bad input fails here, before anything is written
     prune = read_prune_manifest(args.prune_manifest, root) if args.prune_manifest.is_file() else None
+    transform = read_transform_manifest(args.transform_manifest, root) if args.transform_manifest.is_file() else None
     check_store(tune.tracking_uri, args.tune_manifest)  # missing or corrupt: named, never a new empty store
     adopt_default_store(tune.tracking_uri, params.tracking.uri, root)  # a copied or moved project reads its own
     if prune is None:
@@ -83,20 +96,21 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     with tempfile.TemporaryDirectory(prefix="analysis-artifacts-") as cache:
         log.info(
             "step 1/3: fetching %d runs from %s",
-            len(tune.trials) + len(prune.models if prune else []),
+            len(tune.trials) + len(prune.models if prune else []) + len(transform.models if transform else []),
             tune.tracking_uri,
         )
-        study = load_study(tune, prune, Path(cache))
+        study = load_study(tune, prune, Path(cache), transform)
         log.info("step 2/3: writing tables, figures and the report")
         setting = setting_of(data, study) | ({"test images": test_images} if test_images else {})
-        outputs = write_outputs(study, setting, Layout(Path.cwd()), test_images)
+        images = normalised_test_images(Path(params.data.prepared_dir))
+        outputs = write_outputs(study, setting, Layout(Path.cwd()), test_images, images)
     if args.no_mlflow:
         return 0
     log.info("step 3/3: logging the outputs to MLflow")
     metrics = {f"{v}.test_acc_mean": s["test_acc_mean"] for v, s in outputs.summary.items() if s["test_acc_mean"]}
     run_id = log_analysis_run(
         study,
-        inputs_hash(data, args.tune_manifest, args.prune_manifest),
+        inputs_hash(data, args.tune_manifest, args.prune_manifest, args.transform_manifest),
         outputs.files,
         {"tables/accuracy.json": outputs.table, "tables/heads.json": outputs.heads},
         metrics,
@@ -105,9 +119,25 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     return 0
 
 
+def normalised_test_images(prepared_dir: Path) -> torch.Tensor | None:
+    """The prepared test images, normalised as the models saw them (representations are compared on them: CKA);
+    None, with a line saying so, when the data is not prepared here."""
+    import torch  # here, not at the top: --help and bad input stay fast
+
+    from pipeline.data.prepared import load_prepared
+    from pipeline.trial.loop import DeviceData
+
+    if not (prepared_dir / "manifest.json").is_file():
+        log.info("no prepared data at %s: the CKA section waits for it", prepared_dir)
+        return None
+    data = DeviceData.from_prepared(load_prepared(prepared_dir), torch.device("cpu"))
+    return data.normalise(data.test_images.float().div(255))
+
+
 parser = make_parser(__doc__)
 parser.add_argument("--tune-manifest", type=Path, default=TUNE_MANIFEST, help="default: %(default)s")
 parser.add_argument("--prune-manifest", type=Path, default=PRUNE_MANIFEST, help="if present; default: %(default)s")
+parser.add_argument("--transform-manifest", type=Path, default=TRANSFORM_MANIFEST, help="if present; %(default)s")
 parser.add_argument("--no-mlflow", action="store_true", help="write the files only; log no analysis run to MLflow")
 main = main_for(stage, parser)
 

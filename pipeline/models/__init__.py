@@ -7,6 +7,7 @@
 - ``sa_net``             the fully-attentional classifier (2x2 invertible downsampling, 6 layers, pooling, linear)
 - ``resnet``             the ResNet18 baseline
 - ``conv_to_attention``  Theorem 1: a convolution rebuilt as an exactly equal multi-head self-attention layer
+- ``transformed_resnet`` Theorem 1 on a whole ResNet18: every 3x3 convolution as attention
 - ``pruning``            which Gaussian heads are degenerate, and removing them
 
 ``build_model(cfg)`` below builds the model a ``ModelConfig`` describes.
@@ -41,6 +42,10 @@ def build_model(
         from pipeline.models.resnet import ResNet18  # torchvision costs ~1.3 s to import: only when a ResNet is built
 
         return ResNet18(num_classes=num_classes, in_channels=in_channels, width=cfg.resnet_width)
+    if cfg.arch == "t_resnet18":  # the architecture only: its weights come from a converted ResNet18's checkpoint
+        from pipeline.models.transformed_resnet import TransformedResNet18
+
+        return TransformedResNet18(num_classes=num_classes, in_channels=in_channels, width=cfg.resnet_width)
     heads = heads_per_layer if heads_per_layer is not None else [cfg.heads] * cfg.layers
     if len(heads) != cfg.layers:
         raise ValueError(f"heads_per_layer has {len(heads)} entries for {cfg.layers} layers")

@@ -78,7 +78,8 @@ class ConvAsAttention(nn.Module):
         x = F.pad(x, self.padding)  # (B, C, Hp, Wp): attention is SAME-sized on the padded grid
         B, C, Hp, Wp = x.shape  # noqa: N806 (paper's symbols)
         tokens = x.flatten(2).transpose(1, 2)  # (B, Hp*Wp, C), row-major like relative_offsets
-        out = self.attention(tokens, grid=(Hp, Wp))  # (B, Hp*Wp, C_out)
+        # grid positional: forward pre-hooks (the trial's locality measurement) see it in ``args``
+        out = self.attention(tokens, (Hp, Wp))  # (B, Hp*Wp, C_out)
         out = out.transpose(1, 2).reshape(B, -1, Hp, Wp)  # (B, C_out, Hp, Wp)
         # Keep the queries whose window fits in the padded grid, every stride-th one (fixed subsampling).
         geometry = zip(self.anchor, (Hp, Wp), self.kernel, self.dilation, self.stride, strict=True)

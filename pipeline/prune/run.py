@@ -22,8 +22,9 @@ from typing import Any
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from torch import nn
 
-from pipeline.config import AshaConfig, Params, params_hash, parse_params
+from pipeline.config import AshaConfig, ModelConfig, Params, params_hash, parse_params
 from pipeline.data.prepared import PreparedData, content_hash
 from pipeline.prune.manifest import STAGE, PrunedModel, PruneManifest
 from pipeline.prune.plan import PrunePlan
@@ -65,8 +66,13 @@ class PruneOutcome:
 def finetune_params(params: Params) -> Params:
     """The sweep's params as the fine-tuning trials see them: lr x ``prune.lr_factor``, ``prune.epochs`` epochs, no
     ASHA (every pruned model trains to the end)."""
-    cfg = params.prune
-    train = params.train.model_copy(update={"lr": params.train.lr * cfg.lr_factor, "epochs": cfg.epochs})
+    return schedule_params(params, params.prune.lr_factor, params.prune.epochs)
+
+
+def schedule_params(params: Params, lr_factor: float, epochs: int) -> Params:
+    """The sweep's params for fine-tuning a model built from its trials (pruned, or transformed by
+    ``pipeline.transform``): lr x ``lr_factor`` for ``epochs`` epochs, no ASHA (every model trains to the end)."""
+    train = params.train.model_copy(update={"lr": params.train.lr * lr_factor, "epochs": epochs})
     sweep = params.sweep.model_copy(update={"asha": AshaConfig(enabled=False)})
     return parse_params(params.model_copy(update={"train": train, "sweep": sweep}).model_dump(mode="json"))
 
@@ -302,22 +308,24 @@ def run_prune(
 
 
 def _save_pruned(where: StoragePath, plan: PrunePlan, params: Params) -> None:
-    """The pruned model as a checkpoint folder at ``where``: written in place, or staged on this disk and uploaded
-    when the storage is a bucket."""
+    """The pruned model as a checkpoint folder at ``where`` (``save_start_checkpoint``)."""
+    model_cfg = params.model_for(plan.source.variant)
+    save_start_checkpoint(where, plan.model, model_cfg, image_shape=plan.image_shape, num_classes=plan.num_classes)
+
+
+def save_start_checkpoint(
+    where: StoragePath, model: nn.Module, model_cfg: ModelConfig, *, image_shape: tuple[int, int, int], num_classes: int
+) -> None:
+    """A model a fine-tuning trial starts from (``init_from``) as a checkpoint folder at ``where``: written in place,
+    or staged on this disk and uploaded when the storage is a bucket."""
 
     def save(folder: Path) -> None:
-        save_model_checkpoint(
-            folder,
-            plan.model,
-            params.model_for(plan.source.variant),
-            image_shape=plan.image_shape,
-            num_classes=plan.num_classes,
-        )
+        save_model_checkpoint(folder, model, model_cfg, image_shape=image_shape, num_classes=num_classes)
 
     if not where.remote:
         save(where.local)
         return
-    with tempfile.TemporaryDirectory(prefix="pruned-") as staging:
+    with tempfile.TemporaryDirectory(prefix="start-") as staging:
         save(Path(staging))
         where.upload(Path(staging))
 

@@ -54,6 +54,7 @@ def sweep_hash(params: Params, data_hash: str) -> str:
     for where in ("ray_address", "storage_path"):
         identity["sweep"].pop(where)
     identity.pop("tracking")
+    identity.pop("transform")  # what the transform stage builds from the sweep afterwards, not how it trains
     identity["code"] = code_hash()
     identity["data"] = data_hash  # the content, in place of the section (which names the paths)
     return params_hash(identity)

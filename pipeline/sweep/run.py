@@ -52,7 +52,7 @@ ATTENTION_ONLY_TRAIN = ("positional_lr_factor",)  # the positional encoding's ow
 
 def applicable_model(model: dict[str, Any]) -> dict[str, Any]:
     """The fields of a model config (as dumped) that its architecture and encoding use."""
-    if model["arch"] == "resnet18":
+    if model["arch"] in ("resnet18", "t_resnet18"):  # t_resnet18: a ResNet18 rebuilt as attention (pipeline.transform)
         return {key: model[key] for key in RESNET_FIELDS}
     unused = {"resnet_width", *ENCODING_ONLY["gaussian" if model["encoding"] == "learned" else "learned"]}
     return {key: value for key, value in model.items() if key not in unused}

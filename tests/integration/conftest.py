@@ -124,7 +124,7 @@ class Project:
         return done
 
     def dvc(self, *args: str) -> subprocess.CompletedProcess:
-        return self.run("dvc", *args)
+        return self.run("dvc", *args, timeout=600)  # a whole `dvc repro`: five stages, three of them Ray runs
 
     def start_tune(
         self, command: tuple[str, ...] = ("python", "-m", "stages.tune"), env: dict[str, str] | None = None
@@ -228,11 +228,12 @@ STUDY_PRUNE_EPOCHS = 2  # the pruned model's fine-tuning
 
 @pytest.fixture(scope="session")
 def study(project: Project) -> dict:
-    """One `dvc repro` (prepare, tune, prune, analyze) of a study beyond the paper, for the tests that only read it
-    (test_study_grid.py, test_prune_pipeline.py): the paper's generalized model (pruned: half the heads of each
-    layer, then fine-tuned) and ResNet18, a variant the paper does not have (`sa_quadratic_4`, hidden 24) and a
-    two-axis grid (encoding x heads, 2 x 2). The dry runs, outputs and params as that run left them (later tests
-    re-run the stages on other params); the project's params are put back."""
+    """One `dvc repro` (prepare, tune, prune, transform, analyze) of a study beyond the paper, for the tests that only
+    read it (test_study_grid.py, test_prune_pipeline.py, test_transform_pipeline.py): the paper's generalized model
+    (pruned: half the heads of each layer, then fine-tuned) and ResNet18 (rebuilt as attention: t_resnet18), a
+    variant the paper does not have (`sa_quadratic_4`, hidden 24) and a two-axis grid (encoding x heads, 2 x 2). The
+    dry runs, outputs and params as that run left them (later tests re-run the stages on other params); the project's
+    params are put back."""
     params = project.read_params()
     original = (project.path / "params.yaml").read_text()
     params["variants"] = {
@@ -252,7 +253,7 @@ def study(project: Project) -> dict:
     project.write_params(params)
     try:
         dry = project.run("python", "-m", "stages.tune", "--dry-run").stdout
-        project.dvc("repro")
+        project.run("dvc", "repro", timeout=900)  # five stages, three of them Ray runs: minutes on a loaded machine
         prune_dry = project.run("python", "-m", "stages.prune", "--dry-run").stdout
         plots = json.loads(project.dvc("plots", "show", "--json").stdout)["data"]
         results = project.path / "results"
@@ -263,6 +264,10 @@ def study(project: Project) -> dict:
             "tune": json.loads((results / "tune/manifest.json").read_text()),
             "prune": json.loads((results / "prune/manifest.json").read_text()),
             "prune_metrics": json.loads((results / "prune/metrics.json").read_text()),
+            "transform": json.loads((results / "transform/manifest.json").read_text()),
+            "transform_metrics": json.loads((results / "transform/metrics.json").read_text()),
+            "tune_metrics": json.loads((results / "tune/metrics.json").read_text()),
+            "cka_tables": sorted(p.name for p in (results / "tables").glob("cka_*.csv")),
             "table": pd.read_csv(results / "tables/accuracy.csv").set_index("variant"),
             "markdown": (results / "tables/accuracy.md").read_text(),
             "metrics": json.loads((results / "analysis/metrics.json").read_text()),

@@ -51,6 +51,13 @@ def test_prune_stage_depends_on_the_trial_code_and_the_tune_manifest() -> None:
     assert "results/tune/manifest.json" in STAGES["prune"]["deps"]
 
 
+def test_transform_stage_depends_on_the_trial_code_and_the_tune_manifest() -> None:
+    code_deps = [d for d in STAGES["transform"]["deps"] if d.startswith("pipeline/")]
+    assert sorted(code_deps) == sorted(TRIAL_CODE)
+    assert "results/tune/manifest.json" in STAGES["transform"]["deps"]
+    assert "results/transform/manifest.json" in STAGES["analyze"]["deps"]
+
+
 def test_everything_a_trial_imports_is_trial_code() -> None:
     # A worker imports the trainable and unpickles the prepared data; nothing else of the project.
     imported = _project_modules_imported_by("pipeline.trial.trainable", "pipeline.data.prepared")

@@ -1,0 +1,7 @@
+"""The transform stage's driver: Theorem 1 on a trained network (``python -m stages.transform``).
+
+- ``plan``       which trained ResNet18 each ``transform`` variant is built from, the refusals, the conversion and its
+                 exactness check, before Ray starts
+- ``run``        fine-tuning the converted networks as Tune trials through ``pipeline.sweep.tracked``, as prune does
+- ``manifest``   ``results/transform/manifest.json``: schema, writer, reader (no Ray, no MLflow)
+"""
