@@ -31,7 +31,8 @@ CENTRE_RESOLUTION = float(np.spacing(np.float32(1.0)))  # a centre near 1 token 
 
 def layer_motion(run: LoadedRun, converted: Sequence[str]) -> pd.DataFrame:
     """Per converted layer of a fine-tuned rebuild (``run``, its model loaded): the finding's measures at the last
-    epoch against epoch 0 (every head on its tap), on the layer's own grid, plus the largest displacement."""
+    epoch against epoch 0 (every head on its tap), each head measured on its own Gaussian (no grid: the layers'
+    grids differ, down to 3x3), plus the largest displacement; the layer's grid is listed beside them."""
     history = run.head_history
     if not history or run.model is None or run.image_shape is None:
         return pd.DataFrame(columns=MOTION_COLUMNS)
@@ -41,7 +42,7 @@ def layer_motion(run: LoadedRun, converted: Sequence[str]) -> pd.DataFrame:
     for index, (module, grid) in enumerate(zip(converted, grids, strict=True)):
         start = {"epoch": first["epoch"], "layers": [first["layers"][index]]}
         end = {"epoch": last["epoch"], "layers": [last["layers"][index]]}
-        now, init = (layer_measures(snap, start, grid).iloc[0] for snap in (end, start))
+        now, init = (layer_measures(snap, start).iloc[0] for snap in (end, start))
         moved = np.linalg.norm(
             np.asarray(end["layers"][0]["centres"]) - np.asarray(start["layers"][0]["centres"]), axis=1
         )
