@@ -1,5 +1,6 @@
 """The driver: what runs outside the Ray workers to plan, run, track and record a sweep (and, through
-``tracked``, the prune and transform stages' fine-tuning). Editing it never changes a trial's identity (``identity.TRIAL_CODE``).
+``tracked``, the prune and transform stages' fine-tuning). Editing it never changes a trial's identity
+(``identity.TRIAL_CODE``).
 
 The tune stage (``stages.tune``) reads it top-down:
 - ``run``        the sweep: ``run_sweep``, its grid and reuse, what it publishes, its manifest
