@@ -60,3 +60,6 @@ def test_the_committed_numbers_are_those_of_the_committed_params() -> None:
     assert set(tune) == variants
     assert all(0.0 < entry["test_acc"] <= 1.0 for entry in tune.values())
     assert set(committed["results/analysis/metrics.json"]) >= variants
+    transform = committed["results/transform/metrics.json"]
+    assert set(transform) == set(load_params(ROOT / "params.yaml").transform.variants)
+    assert all(0.0 < entry["test_acc_step0"] <= 1.0 and 0.0 < entry["test_acc"] <= 1.0 for entry in transform.values())
