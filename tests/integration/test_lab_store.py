@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 EXPERIMENT = "lab"
 MANIFESTS = ("results/tune/manifest.json", "results/prune/manifest.json")
+TRANSFORM_MANIFEST = "results/transform/manifest.json"  # the rebuilt ResNet18's fine-tuning: a run of its own
 # A request in the server's access log (uvicorn's: '127.0.0.1:49538 - "PUT /api/2.0/mlflow-artifacts/... HTTP/1.1" 200')
 REQUEST = re.compile(r'"(?P<method>[A-Z]+) (?P<path>/api/\S+) HTTP/1\.1" (?P<status>\d+)')
 
@@ -70,6 +71,7 @@ def lab_study(
         "repro_s": time.monotonic() - began,
         "tune": json.loads((clone.path / MANIFESTS[0]).read_text()),
         "prune": json.loads((clone.path / MANIFESTS[1]).read_text()),
+        "transform": json.loads((clone.path / TRANSFORM_MANIFEST).read_text()),
     }
 
 
@@ -79,8 +81,9 @@ def _trial_runs(client: MlflowClient) -> list:
 
 
 def test_the_whole_repro_runs_on_postgresql_and_a_bucket(lab_study: dict, lab_store: LabStore) -> None:
-    """Prepare, tune, prune and analyze against the lab's server: one run per trial and for the fine-tuning, all
-    FINISHED with every epoch once, no run or claim left RUNNING, the report written."""
+    """Prepare, tune, prune, transform and analyze against the lab's server: one run per trial and for each
+    fine-tuning (the pruned model's, the rebuilt ResNet18's), all FINISHED with every epoch once, no run or claim left
+    RUNNING, the report written."""
     tune, prune = lab_study["tune"], lab_study["prune"]
     assert tune["tracking_uri"] == prune["tracking_uri"] == lab_store.uri
     assert sorted(t["variant"] for t in tune["trials"]) == ["resnet18", "sa_generalized_9"]
@@ -89,7 +92,10 @@ def test_the_whole_repro_runs_on_postgresql_and_a_bucket(lab_study: dict, lab_st
     assert model["status"] == "finished"
     client = MlflowClient(lab_store.uri)
     runs = _trial_runs(client)
-    assert sorted(r.info.run_id for r in runs) == sorted([*(t["run_id"] for t in tune["trials"]), model["run_id"]])
+    [rebuilt] = lab_study["transform"]["models"]
+    assert rebuilt["status"] == "finished"
+    expected = [*(t["run_id"] for t in tune["trials"]), model["run_id"], rebuilt["run_id"]]
+    assert sorted(r.info.run_id for r in runs) == sorted(expected)
     assert all(r.info.status == "FINISHED" for r in runs)
     for name in (EXPERIMENT, f"{EXPERIMENT}.claims"):  # parents, the analysis, the claims: all ended
         experiment_id = client.get_experiment_by_name(name).experiment_id
