@@ -62,10 +62,10 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         cache = driver_dir(storage_dir(params, root), root) / "downloaded-checkpoints"
         sources = local_sources(sources, manifest.tracking_uri, cache, TUNE_MANIFEST)
     plans = [plan_pruning(params, source) for source in sources]
-    from pipeline.prune.run import prune_decisions, run_prune
+    from pipeline.prune.run import Prune, run_prune
 
     if args.dry_run:
-        actions = {key: d.words() for key, d in prune_decisions(params, manifest, plans).items()} if plans else {}
+        actions = {key: d.words() for key, d in Prune.decisions(params, manifest, plans).items()} if plans else {}
         print(format_plans(plans, skipped, params, actions))
         return 0
     from pipeline.data.prepared import load_prepared

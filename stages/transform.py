@@ -65,10 +65,10 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         local = local_sources([trial for _, trial in chosen], manifest.tracking_uri, cache, TUNE_MANIFEST)
         chosen = [(name, trial) for (name, _), trial in zip(chosen, local, strict=True)]
     plans = [plan_transform(name, trial) for name, trial in chosen]
-    from pipeline.transform.run import run_transform, transform_decisions
+    from pipeline.transform.run import Transform, run_transform
 
     if args.dry_run:
-        actions = {k: d.words() for k, d in transform_decisions(params, manifest, plans).items()} if plans else {}
+        actions = {k: d.words() for k, d in Transform.decisions(params, manifest, plans).items()} if plans else {}
         print(format_plans(plans, params, actions))
         return 0
     from pipeline.data.prepared import load_prepared

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pyarrow.fs as pafs
-from mlflow.exceptions import MlflowException
 
 from pipeline.config import Params
 from pipeline.io import check_tracking_server
@@ -52,7 +51,7 @@ def dry_run_decisions(
     try:
         check_tracking_server(uri, "tracking.uri")
         experiment_id = active_experiment_id(uri, params.tracking.experiment)
-    except (ValueError, MlflowException) as err:
+    except ValueError as err:
         return None, f"{state} (cannot look up earlier runs: {err})"
     return sweep_decisions(params, data_hash, uri, experiment_id), state
 

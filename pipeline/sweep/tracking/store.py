@@ -174,9 +174,28 @@ def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> 
 
 
 def active_experiment_id(uri: str, name: str) -> str | None:
-    """The id of the active experiment ``name``, None when there is none (a look-up: nothing is created)."""
-    experiment = mlflow_client(uri).get_experiment_by_name(name)
+    """The id of the active experiment ``name``, None when there is none (a look-up: nothing is created); a store
+    that cannot be read raises ``ValueError`` naming it."""
+    try:
+        experiment = mlflow_client(uri).get_experiment_by_name(name)
+    except MlflowException as err:
+        raise ValueError(f"the MLflow store at {uri} cannot be read: {err}") from err
     return experiment.experiment_id if experiment and experiment.lifecycle_stage == "active" else None
+
+
+def experiment_name(uri: str, experiment_id: str) -> str:
+    """The name of the MLflow experiment ``experiment_id`` (the registry names models after it)."""
+    return mlflow_client(uri).get_experiment(experiment_id).name
+
+
+def finished_run(uri: str, run_id: str, step0_metric: str | None = None) -> tuple[Run, float | None]:
+    """A finished run read back for a stage's manifest, with ``step0_metric``'s value at step 0 (what a fine-tuning
+    run measured before training; None when not asked for or not logged)."""
+    client = mlflow_client(uri)
+    run = client.get_run(run_id)
+    if step0_metric is None:
+        return run, None
+    return run, next((m.value for m in client.get_metric_history(run_id, step0_metric) if m.step == 0), None)
 
 
 def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> None:
