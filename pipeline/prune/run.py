@@ -21,7 +21,6 @@ from pipeline.prune.plan import PrunePlan
 from pipeline.sweep.finetune import (
     FineTuneOutcome,
     FineTuneStage,
-    finetune_name,
     reused_fields,
     schedule_params,
     source_identity,
@@ -30,6 +29,7 @@ from pipeline.sweep.finetune import (
 from pipeline.sweep.manifest import TrialRecord, TuneManifest
 from pipeline.sweep.reuse import TrialDecision
 from pipeline.sweep.run import trial_run_info
+from pipeline.sweep.tracked import run_tracked
 from pipeline.sweep.tracking.buffer import TrackingBuffer
 from pipeline.sweep.tracking.callback import TrialInfo
 from pipeline.sweep.tracking.registry import register_best_models
@@ -54,9 +54,9 @@ def prune_key(params: Params, plan: PrunePlan) -> str:
     return params_hash({"source": source_identity(plan.source), "prune": params.prune.model_dump(mode="json")})
 
 
-def prune_name(keys: list[str]) -> str:
-    """``prune-<hash>`` of the pruned models' keys: the Ray experiment and MLflow parent run of one prune run."""
-    return finetune_name(STAGE, keys)
+def finetune_rule(params: Params) -> dict[str, Any]:
+    """The prune section and the fine-tuning learning rate: the manifest's ``rule`` and the parent run's params."""
+    return {**params.prune.model_dump(mode="json"), "finetune_lr": params.train.lr * params.prune.lr_factor}
 
 
 def finetune_run_info(
@@ -114,13 +114,8 @@ class Prune(FineTuneStage):
         super().__init__(*args)
         self.on_device: DeviceData | None = None  # the test set on the fine-tuning's device, once one is evaluated
 
-    @staticmethod
-    def variant(plan: PrunePlan) -> str:
-        return plan.source.variant
-
-    @staticmethod
-    def rule_of(params: Params) -> dict[str, Any]:
-        return {**params.prune.model_dump(mode="json"), "finetune_lr": params.train.lr * params.prune.lr_factor}
+    variant = staticmethod(lambda plan: plan.source.variant)
+    rule_of = staticmethod(finetune_rule)
 
     def start(self, plan: PrunePlan) -> dict[str, Any]:
         """Test loss and accuracy of the pruned model before any fine-tuning (the dip of Fig. 8)."""
@@ -189,9 +184,9 @@ def run_prune(
     where = (tune_manifest.experiment_name, tune_manifest.tracking_uri, tune_manifest.experiment_id)
     if not plans:
         log.info("nothing to prune (no finished trial of %s)", params.prune_variants())
-        return FineTuneOutcome(PruneManifest("", "", *where, "", Prune.rule_of(params), [], skipped))
+        return FineTuneOutcome(PruneManifest("", "", *where, "", finetune_rule(params), [], skipped))
     prune = Prune(params, data, tune_manifest, plans, project_root)
-    tracked = prune.run(data, project_root)
+    tracked = run_tracked(prune, params, data, project_root)
     models = prune.models(tracked.records)
     manifest = PruneManifest(
         prune.name, str(tracked.path), *where, tracked.parent.parent_run_id, prune.rule, models, skipped

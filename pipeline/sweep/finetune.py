@@ -30,7 +30,7 @@ from pipeline.sweep.identity import code_hash
 from pipeline.sweep.manifest import FINISHED, INTERRUPTED, TrialRecord, TuneManifest
 from pipeline.sweep.reuse import REUSE, TrialDecision, decide
 from pipeline.sweep.storage import StoragePath
-from pipeline.sweep.tracked import TrackedOutcome, TrackedStage, run_tracked
+from pipeline.sweep.tracked import TrackedOutcome, TrackedStage
 from pipeline.sweep.tracking.buffer import TrackingBuffer
 from pipeline.sweep.tracking.logged_model import PreparedDataset
 from pipeline.sweep.tracking.parent import ParentRun
@@ -117,8 +117,14 @@ class FineTuneStage(TrackedStage):
     stage: str  # "prune" | "transform": the parent run's name and the tags' prefix
     start_folder: str  # where in the Ray experiment the start weights go: <start_folder>/<plan key>
     step0_metric: str | None = None  # a reused run's metric read back at step 0 (``reused_model``'s ``step0``)
-    # (config, params_json, data_hash, plans) -> TrialInfo: module-level, as Tune pickles the callback that holds it
+    # Each stage's own, as static functions: (config, params_json, data_hash, plans) -> TrialInfo, module-level as
+    # Tune pickles the callback that holds it; the identity (``source_identity`` and the stage's config); the variant
+    # a plan's model trains as; the params the fine-tuning runs with (``schedule_params``); the stage's ``rule``.
     describe_run: Callable[..., Any]
+    key: Callable[[Params, Any], str]
+    variant: Callable[[Any], str]
+    schedule: Callable[[Params], Params]
+    rule_of: Callable[[Params], dict[str, Any]]
 
     def __init__(
         self, params: Params, data: PreparedData, tune_manifest: TuneManifest, plans: list[Any], project_root: Path
@@ -139,26 +145,6 @@ class FineTuneStage(TrackedStage):
         self.dataset = PreparedDataset.of(params.data, self.data_hash, project_root)  # the fine-tuning's input
         self.summaries: dict[str, dict] = {}  # per model fine-tuned in this run: what its run describes
         self.reused: dict[str, Any] = {}  # per model reused: its manifest entry, read from its finished run
-
-    @staticmethod
-    @abstractmethod
-    def key(params: Params, plan: Any) -> str:
-        """The fine-tuned model's identity: ``source_identity`` and the stage's config."""
-
-    @staticmethod
-    @abstractmethod
-    def variant(plan: Any) -> str:
-        """The variant a plan's model is built as (its Tune trial's ``variant``)."""
-
-    @staticmethod
-    @abstractmethod
-    def schedule(params: Params) -> Params:
-        """The params the fine-tuning trials run with (``schedule_params``)."""
-
-    @staticmethod
-    @abstractmethod
-    def rule_of(params: Params) -> dict[str, Any]:
-        """The stage's config and fine-tuning learning rate: the manifest's ``rule`` and the parent run's params."""
 
     @abstractmethod
     def start(self, plan: Any) -> dict[str, Any]:
@@ -216,9 +202,8 @@ class FineTuneStage(TrackedStage):
             }
             trials.append({**trial_config(by_plan[plan.key]), "init_from": str(start_dir)})
         params_json = self.tuner_params.model_dump(mode="json")
-        describe = self.describe_run
         return trials, functools.partial(
-            describe, params_json=params_json, data_hash=self.data_hash, plans=self.summaries
+            self.describe_run, params_json=params_json, data_hash=self.data_hash, plans=self.summaries
         )
 
     def models(self, records: list[TrialRecord]) -> list[Any]:
@@ -238,9 +223,6 @@ class FineTuneStage(TrackedStage):
         self.closing(records, buffer)
         reused = sum(m.reused for m in models)
         return {f"{self.stage}.models": str(len(models)), f"{self.stage}.models_reused": str(reused)}
-
-    def run(self, data: PreparedData, project_root: Path) -> TrackedOutcome:
-        return run_tracked(self, self.params, data, project_root)
 
 
 def finetune_name(stage: str, keys: list[str]) -> str:

@@ -28,6 +28,7 @@ from pipeline.sweep.finetune import (
 from pipeline.sweep.manifest import TrialRecord, TuneManifest
 from pipeline.sweep.reuse import TrialDecision
 from pipeline.sweep.run import trial_run_info
+from pipeline.sweep.tracked import run_tracked
 from pipeline.sweep.tracking.callback import TrialInfo
 from pipeline.sweep.tracking.store import Run
 from pipeline.sweep.tracking.tags import KEY_TAG, NOTE_TAG
@@ -47,6 +48,11 @@ def transform_key(params: Params, plan: TransformPlan) -> str:
     so the conversion), its name and the transform config (epochs, lr factor)."""
     rule = params.transform.model_dump(mode="json", exclude={"variants"})
     return params_hash({"source": source_identity(plan.source), "transform": {**rule, "name": plan.name}})
+
+
+def transform_rule(params: Params) -> dict[str, Any]:
+    """The transform section and the fine-tuning learning rate: the manifest's ``rule`` and the parent's params."""
+    return {**params.transform.model_dump(mode="json"), "finetune_lr": params.train.lr * params.transform.lr_factor}
 
 
 def transform_run_info(
@@ -98,13 +104,8 @@ class Transform(FineTuneStage):
     key = staticmethod(transform_key)
     schedule = staticmethod(finetune_params)
 
-    @staticmethod
-    def variant(plan: TransformPlan) -> str:
-        return plan.name
-
-    @staticmethod
-    def rule_of(params: Params) -> dict[str, Any]:
-        return {**params.transform.model_dump(mode="json"), "finetune_lr": params.train.lr * params.transform.lr_factor}
+    variant = staticmethod(lambda plan: plan.name)
+    rule_of = staticmethod(transform_rule)
 
     def start(self, plan: TransformPlan) -> dict[str, Any]:
         return {"exactness": plan.exactness}  # checked by the stage before any run (``plan.check_exact``)
@@ -141,7 +142,7 @@ def run_transform(
         log.info("nothing to transform (transform.variants is empty)")
         return FineTuneOutcome(TransformManifest("", "", *where, "", {}, []))
     stage = Transform(params, data, tune_manifest, plans, project_root)
-    tracked = stage.run(data, project_root)
+    tracked = run_tracked(stage, params, data, project_root)
     models = stage.models(tracked.records)
     return FineTuneOutcome(
         TransformManifest(stage.name, str(tracked.path), *where, tracked.parent.parent_run_id, stage.rule, models),

@@ -1,24 +1,16 @@
 """The driver-side Tune callback that writes every trial's MLflow run: one child run per trial, continued on retry and
-restore. The callback keeps the trial -> run map and opens or continues the runs; each Tune hook hands the rest to
-one collaborator: ``epochs.EpochWrites`` (per-epoch metrics), ``trial_end.TrialEnds`` (checkpoint, model, run
-closed), ``failures.FailedAttempts`` (why attempts failed, what is lost for good).
+restore (why not Ray's ``MLflowLoggerCallback``: ``MlflowTrialCallback``'s docstring).
 
-The custom callback stays because Ray's ``MLflowLoggerCallback`` loses its trial -> run map on restore (a second run per
-trial), logs at Tune's iteration instead of the trial's epoch and has no parent run (see ``MlflowTrialCallback``).
-
-Why the driver writes everything instead of the trials:
-- one writer process, so a local sqlite store never sees concurrent first writers or ``set_experiment`` races, and
-  the trials need no tracking URI at all (nothing depends on a trial's working directory or node);
-- ``MlflowTrialCallback`` keeps the ``trial_id -> run_id`` map in Tune's own experiment state (``get_state`` /
-  ``set_state``), so a retried trial (``FailureConfig``) and a restored sweep (``Tuner.restore``) continue the run
-  they started instead of opening a duplicate; the parent run id is kept next to that state (``parent.PARENT_FILE``);
-- metrics go out as one ``log_batch`` per epoch (``step=epoch``), each epoch once (``epochs``); the final checkpoint
-  and head-centre history are uploaded once, when the trial ends, with the final model (an MLflow model) and the
-  prepared dataset as the run's input, on a background thread (``trial_end``) so that Tune's event loop starts the
-  next trial meanwhile; a trial's failed attempts are told apart and summed up (``failures``).
-Runs left RUNNING by an interrupted driver are closed as KILLED by ``close_interrupted`` and reopened on restore.
-Every write to a run goes through the callback's ``TrackingBuffer`` (``buffer``): a tracking server that stays down
-queues the writes on disk instead of stopping the sweep, and they are replayed when it answers again.
+The driver writes everything, not the trials: one writer process, so a local sqlite store never sees concurrent
+first writers or ``set_experiment`` races, and trials need no tracking URI. The callback keeps the ``trial_id ->
+run_id`` map in Tune's own experiment state (``get_state``/``set_state``), so a retried trial (``FailureConfig``) and a
+restored sweep (``Tuner.restore``) continue the run they started; the parent run id is kept next to that state
+(``parent.PARENT_FILE``). It opens or continues the runs, and each Tune hook hands the rest to one collaborator:
+``epochs.EpochWrites`` (one ``log_batch`` per epoch at ``step=epoch``, each epoch once), ``trial_end.TrialEnds``
+(checkpoint, final model and dataset when a trial ends, off Tune's event loop) and ``failures.FailedAttempts`` (why
+attempts failed). Every write goes through the callback's ``TrackingBuffer``: a server that stays down queues them
+on disk, replayed when it answers. Runs left RUNNING by an interrupted driver are closed as KILLED by
+``close_interrupted`` and reopened on restore.
 """
 
 from __future__ import annotations
@@ -111,13 +103,11 @@ class MlflowTrialCallback(Callback):
     params and summary, is not its concept), keeps its trial -> run map in the driver's memory only, so a restored
     sweep opens a second run for every trial instead of continuing its own, logs every reported key (Ray's
     bookkeeping too) at Tune's iteration rather than the trial's epoch, so an epoch trained again after a restore is
-    logged twice, and logs no model or dataset. This one creates child runs of the sweep's parent run, keeps the run
-    map in Tune's experiment state (``get_state``/``set_state``), logs the training metrics at ``step=epoch`` once
-    each, and when a trial ends uploads its checkpoint and logs its final model and dataset (``logged_model``).
+    logged twice, and logs no model or dataset (what this one does instead: the module docstring).
 
-    Writes go through ``buffer`` (a ``TrackingBuffer`` in ``buffer_dir``, the Ray experiment directory): while the
-    tracking server is down they queue on disk, a run created meanwhile gets a placeholder id, and ``on_step_end``
-    replays them once a probe finds the server back; reads fall back to what this driver knows.
+    Writes go through ``buffer`` (in ``buffer_dir``, the Ray experiment directory): while the server is down a run
+    created meanwhile gets a placeholder id, ``on_step_end`` replays them once a probe finds the server back, and
+    reads fall back to what this driver knows (``read``, ``written``).
 
     Tune pickles this object into ``tuner.pkl`` and restores ``get_state()`` from its experiment snapshots, so it
     holds only plain data; the client is created lazily. ``run_info`` is a module-level function (picklable by

@@ -210,6 +210,17 @@ def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> Non
             raise ValueError(f"{manifest}: run {run_id} is not in the MLflow store at {uri} (deleted?)")
 
 
+def _search(client: MlflowClient, experiment_id: str, query: str, page: int, **order: Any) -> Iterable[Run]:
+    """Every run of the experiment matching ``query``, ``page`` runs per request."""
+    token = None
+    while True:
+        found = client.search_runs([experiment_id], query, max_results=page, page_token=token, **order)
+        yield from found
+        token = found.token
+        if not token:
+            return
+
+
 def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> dict[str, list[Run]]:
     """The active runs of the experiment tagged with each trial key, newest first (deleted runs are not found).
 
@@ -217,35 +228,17 @@ def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> 
     a trial key, at most ``PLAN_PAGE`` per request, kept for the keys asked. A plan of any size costs one request per
     ``PLAN_PAGE`` keyed runs in the store (one up to 50,000), not one search over the whole store per trial."""
     found: dict[str, list[Run]] = {key: [] for key in sorted(set(keys))}
-    token = None
-    while found:
-        page = client.search_runs(
-            [experiment_id],
-            f"tags.`{KEY_TAG}` LIKE '%'",
-            max_results=PLAN_PAGE,
-            order_by=["start_time DESC"],
-            page_token=token,
-        )
-        for run in page:
+    if found:
+        query = f"tags.`{KEY_TAG}` LIKE '%'"
+        for run in _search(client, experiment_id, query, PLAN_PAGE, order_by=["start_time DESC"]):
             if (key := run.data.tags.get(KEY_TAG)) in found:
                 found[key].append(run)
-        token = page.token
-        if not token:
-            break
     return found
 
 
 def child_runs(uri: str, experiment_id: str, parent_run_id: str) -> dict[str, Run]:
     """The child runs of ``parent_run_id`` keyed by their Ray trial id (their run id when they have none)."""
-    client = mlflow_client(uri)
-    query = f"tags.`{PARENT_TAG}` = '{parent_run_id}'"
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], query, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            break
+    runs = _search(mlflow_client(uri), experiment_id, f"tags.`{PARENT_TAG}` = '{parent_run_id}'", 1000)
     return {run.data.tags.get(TRIAL_ID_TAG, run.info.run_id): run for run in runs}
 
 
