@@ -210,8 +210,8 @@ def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> Non
             raise ValueError(f"{manifest}: run {run_id} is not in the MLflow store at {uri} (deleted?)")
 
 
-def _search(client: MlflowClient, experiment_id: str, query: str, page: int, **order: Any) -> Iterable[Run]:
-    """Every run of the experiment matching ``query``, ``page`` runs per request."""
+def all_runs(client: MlflowClient, experiment_id: str, query: str, page: int = 1000, **order: Any) -> Iterable[Run]:
+    """Every run of the experiment matching ``query``, ``page`` runs per request (MLflow pages its searches)."""
     token = None
     while True:
         found = client.search_runs([experiment_id], query, max_results=page, page_token=token, **order)
@@ -230,7 +230,7 @@ def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> 
     found: dict[str, list[Run]] = {key: [] for key in sorted(set(keys))}
     if found:
         query = f"tags.`{KEY_TAG}` LIKE '%'"
-        for run in _search(client, experiment_id, query, PLAN_PAGE, order_by=["start_time DESC"]):
+        for run in all_runs(client, experiment_id, query, PLAN_PAGE, order_by=["start_time DESC"]):
             if (key := run.data.tags.get(KEY_TAG)) in found:
                 found[key].append(run)
     return found
@@ -238,7 +238,7 @@ def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> 
 
 def child_runs(uri: str, experiment_id: str, parent_run_id: str) -> dict[str, Run]:
     """The child runs of ``parent_run_id`` keyed by their Ray trial id (their run id when they have none)."""
-    runs = _search(mlflow_client(uri), experiment_id, f"tags.`{PARENT_TAG}` = '{parent_run_id}'", 1000)
+    runs = all_runs(mlflow_client(uri), experiment_id, f"tags.`{PARENT_TAG}` = '{parent_run_id}'")
     return {run.data.tags.get(TRIAL_ID_TAG, run.info.run_id): run for run in runs}
 
 
