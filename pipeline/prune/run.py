@@ -1,11 +1,10 @@
 """Prune and fine-tune: each planned model is evaluated right after pruning, saved, and fine-tuned as a Ray Tune trial.
 
-Fine-tuning is ``pipeline.sweep.finetune``'s (shared with the transform stage): the sweep's guarantees, one MLflow
-child run per model under a ``prune-<hash>`` parent run in the sweep's experiment, the source run tagged with its
-pruned child. Each child run starts at step 0 with the accuracy right after pruning, so the MLflow UI shows the dip and
-the recovery on one chart (the paper's Fig. 8), and carries the per-head decisions as a JSON artifact. What is the
-prune stage's own: its identity per pruned model (``prune_key``), evaluating each model right after pruning, its
-run's description, and registering the best pruned models.
+Fine-tuning is ``pipeline.sweep.finetune``'s, shared with the transform stage. Each pruned model's run starts at
+step 0 with the accuracy right after pruning, so the MLflow UI shows the dip and the recovery on one chart (the paper's
+Fig. 8), and carries the per-head decisions as a JSON artifact. What is the prune stage's own: its identity per pruned
+model (``prune_key``), evaluating each model right after pruning, its run's description, registering the best pruned
+models.
 """
 
 from __future__ import annotations
@@ -106,16 +105,10 @@ class Prune(FineTuneStage):
     pruning (the dip of Fig. 8, its run's step 0), registering the best pruned models."""
 
     stage, start_folder, step0_metric = STAGE, "pruned", "test_acc"
-    describe_run = staticmethod(finetune_run_info)
-    key = staticmethod(prune_key)
-    schedule = staticmethod(finetune_params)
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.on_device: DeviceData | None = None  # the test set on the fine-tuning's device, once one is evaluated
-
+    describe_run, key = staticmethod(finetune_run_info), staticmethod(prune_key)
+    schedule, rule_of = staticmethod(finetune_params), staticmethod(finetune_rule)
     variant = staticmethod(lambda plan: plan.source.variant)
-    rule_of = staticmethod(finetune_rule)
+    on_device: DeviceData | None = None  # the test set on the fine-tuning's device, once a model is evaluated
 
     def start(self, plan: PrunePlan) -> dict[str, Any]:
         """Test loss and accuracy of the pruned model before any fine-tuning (the dip of Fig. 8)."""

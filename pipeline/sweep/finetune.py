@@ -1,15 +1,12 @@
 """Fine-tuning models built from the tune stage's runs: what the prune and transform stages share.
 
-Both take finished trials of the sweep (``TuneManifest``), build a model from each (prune: heads cut; transform:
-Theorem 1's attention rebuild), save it where every node reads it and fine-tune it through ``run_tracked``, so the
-fine-tuning has the sweep's guarantees: the sweep's trainable started from those weights (``init_from``), retries
-from checkpoints, restore after Ctrl-C, the MLflow outage buffer, interrupted runs closed. One MLflow child run per
-model under a ``<stage>-<hash>`` parent run in the sweep's experiment; its step 0 is what the model measured before
-any fine-tuning, so the UI draws the fine-tuning from there. A model's identity (``FineTuneStage.key``) is its source
-trial's identity and the stage's config: a finished fine-tuning run of it is reused, an unfinished one resumed.
-
-What stays each stage's own (``pipeline.prune.run``, ``pipeline.transform.run``): the identity's config part, what
-is done to a model before it is saved (prune evaluates the dip of Fig. 8), its run's description and its manifest.
+Both build a model from each of some finished trials of the sweep (prune: heads cut; transform: Theorem 1's attention
+rebuild), save it where every node reads it and fine-tune it through ``run_tracked``: the sweep's guarantees (the
+trainable started from those weights, ``init_from``; retries, restore, the outage buffer). One MLflow child run per
+model under a ``<stage>-<hash>`` parent run; its step 0 is what the model measured before fine-tuning. A model's
+identity is its source trial's and the stage's config: a finished fine-tuning run of it is reused, one unfinished
+resumed. Each stage's own: that config, what is done to a model before it is saved, its run's description, its
+manifest entry.
 """
 
 from __future__ import annotations
@@ -72,28 +69,18 @@ def save_start_checkpoint(
 ) -> None:
     """A model a fine-tuning trial starts from (``init_from``) as a checkpoint folder at ``where``: written in place,
     or staged on this disk and uploaded when the storage is a bucket."""
-
-    def save(folder: Path) -> None:
-        save_model_checkpoint(folder, model, model_cfg, image_shape=image_shape, num_classes=num_classes)
-
-    if not where.remote:
-        save(where.local)
-        return
     with tempfile.TemporaryDirectory(prefix="start-") as staging:
-        save(Path(staging))
-        where.upload(Path(staging))
+        folder = Path(staging) if where.remote else where.local
+        save_model_checkpoint(folder, model, model_cfg, image_shape=image_shape, num_classes=num_classes)
+        if where.remote:
+            where.upload(folder)
 
 
 def trained_fields(record: TrialRecord | None) -> dict[str, Any]:
     """What a model's manifest entry takes from its fine-tuning trial (``record``; None: it never started)."""
-    return {
-        "run_id": record.run_id if record else None,
-        "run_name": record.run_name if record else None,
-        "status": record.status if record else INTERRUPTED,
-        "epochs_completed": record.epochs_completed if record else 0,
-        "checkpoint_dir": record.checkpoint_dir if record else None,
-        "metrics": record.metrics if record else {},
-    }
+    names = ("run_id", "run_name", "status", "epochs_completed", "checkpoint_dir", "metrics")
+    never = {"status": INTERRUPTED, "epochs_completed": 0, "metrics": {}}
+    return {name: getattr(record, name) if record else never.get(name) for name in names}
 
 
 def reused_fields(run: Run, decided: TrialDecision) -> dict[str, Any]:
