@@ -29,7 +29,8 @@ from pipeline.sweep.session import keep_local_ray_on_loopback
 keep_local_ray_on_loopback()  # before Ray is imported
 
 from benchmarks.common import make_parser, positive_int, progress  # noqa: E402
-from pipeline.sweep.tracking.callback import EPOCH_METRICS, MlflowTrialCallback, TrialInfo  # noqa: E402
+from pipeline.sweep.tracking.callback import MlflowTrialCallback, TrialInfo  # noqa: E402
+from pipeline.sweep.tracking.epochs import EPOCH_METRICS  # noqa: E402
 from pipeline.sweep.tracking.server import MlflowServer  # noqa: E402
 
 EXPERIMENT = "tracking-load"

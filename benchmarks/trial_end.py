@@ -28,7 +28,8 @@ keep_local_ray_on_loopback()  # before Ray is imported
 import torch  # noqa: E402
 
 from benchmarks.common import REDUCED_MODEL, make_parser, positive_int, progress  # noqa: E402
-from pipeline.sweep.tracking.callback import MlflowTrialCallback, TrialEnd, TrialInfo  # noqa: E402
+from pipeline.sweep.tracking.callback import MlflowTrialCallback, TrialInfo  # noqa: E402
+from pipeline.sweep.tracking.trial_end import TrialEnd, TrialEnds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,12 +98,22 @@ class TimedCallback(MlflowTrialCallback):
         now = time.perf_counter()
         self.completes.append((now, now - wall, time.thread_time() - cpu))
 
-    def _end_trial(self, end: TrialEnd) -> TrialEnd | None:
+    @property
+    def ends(self) -> TrialEnds:
+        if self._ends is None:
+            self._ends = TimedEnds(self, self.background_ends)
+        return self._ends
+
+
+class TimedEnds(TrialEnds):
+    """The callback's trial ends, timing the background work."""
+
+    def end_trial(self, end: TrialEnd) -> TrialEnd | None:
         began = time.perf_counter()
         try:
-            return super()._end_trial(end)
+            return super().end_trial(end)
         finally:
-            self.worker.append((began, time.perf_counter()))
+            self.callback.worker.append((began, time.perf_counter()))
 
 
 def sweep(root: Path, label: str, trials: int, checkpoint: Path, background: bool) -> TimedCallback:

@@ -8,4 +8,5 @@
 - ``describe``   the parameter / FLOP table of the paper's models
 - ``ui``         the MLflow UI's address of the last sweep
 - ``_cli``       what every stage shares: parsing conventions, logging, clean failures and exit codes
+- ``_finetune``  what prune and transform share: the sweep's runs checked before any work, the fine-tuning's end
 """

@@ -26,19 +26,18 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import Params
-from pipeline.io import check_store, check_tracking_server, write_json_atomic
-from pipeline.sweep.location import adopt_default_store, store_root
+from pipeline.sweep.location import store_root
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import read_tune_manifest
 from pipeline.sweep.orphans import reap_dead_sessions
 from pipeline.sweep.session import prepare_driver_env
 from pipeline.transform.manifest import write_transform_manifest
-from stages._cli import EXIT_TRACKING_BUFFERED, main_for, make_parser, say_buffered
+from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.transform")
-TUNE_MANIFEST = Path("results/tune/manifest.json")
 OUT_DIR = Path("results/transform")  # relative to the working directory, like every path in params.yaml
 
 
@@ -48,27 +47,19 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         hold_stage_lock(root / "results/.transform.lock", "transform")
     prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
     reap_dead_sessions()
-    from pipeline.prune.plan import check_fresh, local_sources
-    from pipeline.sweep.storage import driver_dir, storage_dir
-    from pipeline.sweep.tracking.store import check_runs_exist
+    from pipeline.prune.plan import check_fresh
     from pipeline.transform.plan import format_plans, plan_transform, select_sources
+    from stages._finetune import TUNE_MANIFEST, checkpoints_here, finish
 
     manifest = read_tune_manifest(TUNE_MANIFEST, root)
     check_fresh(params, manifest, TUNE_MANIFEST, Path.cwd())
     chosen = select_sources(params, manifest, TUNE_MANIFEST)  # a missing or unfinished source: refused here
-    if chosen:
-        check_tracking_server(manifest.tracking_uri, f"{TUNE_MANIFEST} (tracking_uri)")
-        check_store(manifest.tracking_uri, TUNE_MANIFEST)
-        adopt_default_store(manifest.tracking_uri, params.tracking.uri, root)
-        check_runs_exist(manifest.tracking_uri, [trial.run_id for _, trial in chosen], TUNE_MANIFEST)
-        cache = driver_dir(storage_dir(params, root), root) / "downloaded-checkpoints"
-        local = local_sources([trial for _, trial in chosen], manifest.tracking_uri, cache, TUNE_MANIFEST)
-        chosen = [(name, trial) for (name, _), trial in zip(chosen, local, strict=True)]
-    plans = [plan_transform(name, trial) for name, trial in chosen]
-    from pipeline.transform.run import run_transform, transform_decisions
+    local = checkpoints_here(params, root, manifest, [trial for _, trial in chosen])
+    plans = [plan_transform(name, trial) for (name, _), trial in zip(chosen, local, strict=True)]
+    from pipeline.transform.run import Transform, run_transform
 
     if args.dry_run:
-        actions = {k: d.words() for k, d in transform_decisions(params, manifest, plans).items()} if plans else {}
+        actions = {k: d.words() for k, d in Transform.decisions(params, manifest, plans).items()} if plans else {}
         print(format_plans(plans, params, actions))
         return 0
     from pipeline.data.prepared import load_prepared
@@ -90,27 +81,20 @@ def stage(args: argparse.Namespace, params: Params) -> int:
             exact["max_logit_diff_float64"],
         )
     outcome = run_transform(params, data, root, manifest, plans)
-    if outcome.interrupted:
-        say_buffered(outcome.tracked)
-        return 130
-    write_transform_manifest(OUT_DIR / "manifest.json", outcome.manifest, root)
-    write_json_atomic(OUT_DIR / "metrics.json", outcome.manifest.metrics_summary())
-    for model in outcome.manifest.models:
-        log.info(
-            "%s seed %d: test acc %.4f before training (source %.4f), %s after %d fine-tuning epochs",
-            model.name,
-            model.seed,
-            model.test_acc_step0,
-            model.source_test_acc,
-            f"{model.test_acc:.4f}" if model.test_acc is not None else "-",
-            model.epochs_completed,
-        )
-    log.info("wrote %s", OUT_DIR / "manifest.json")
-    if outcome.failed:
-        log.error("some fine-tuning trials failed after their retries; re-run to resume them from their checkpoints")
-    if outcome.tracked is not None and say_buffered(outcome.tracked):
-        return EXIT_TRACKING_BUFFERED
-    return 1 if outcome.failed else 0
+    return finish(outcome, OUT_DIR, write_transform_manifest, root, describe, log)
+
+
+def describe(model: Any) -> None:
+    """One line per converted network in the log: its accuracy before training and after fine-tuning."""
+    log.info(
+        "%s seed %d: test acc %.4f before training (source %.4f), %s after %d fine-tuning epochs",
+        model.name,
+        model.seed,
+        model.test_acc_step0,
+        model.source_test_acc,
+        f"{model.test_acc:.4f}" if model.test_acc is not None else "-",
+        model.epochs_completed,
+    )
 
 
 parser = make_parser(__doc__)

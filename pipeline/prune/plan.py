@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mlflow
 from torch import nn
 
 from pipeline.config import Params
@@ -24,6 +23,7 @@ from pipeline.models.pruning import covariance_geometry, head_decisions, prune_m
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest
 from pipeline.sweep.storage import StoragePath, found_file
+from pipeline.sweep.tracking.logged_model import download_checkpoint
 from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
 from pipeline.trial.report import CHECKPOINT_FILE
 
@@ -109,9 +109,7 @@ def local_sources(
             trial.seed,
             trial.artifacts["checkpoint"],
         )
-        downloaded = mlflow.artifacts.download_artifacts(
-            artifact_uri=trial.artifacts["checkpoint"], dst_path=str(destination), tracking_uri=tracking_uri
-        )
+        downloaded = download_checkpoint(tracking_uri, trial.artifacts["checkpoint"], destination)
         local.append(dataclasses.replace(trial, checkpoint_dir=downloaded))
     return local
 

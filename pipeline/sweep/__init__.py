@@ -1,11 +1,13 @@
 """The driver: what runs outside the Ray workers to plan, run, track and record a sweep (and, through
-``tracked``, the prune and transform stages' fine-tuning). Editing it never changes a trial's identity
+``tracked`` and ``finetune``, the prune and transform stages' fine-tuning). Editing it never changes a trial's identity
 (``identity.TRIAL_CODE``).
 
 The tune stage (``stages.tune``) reads it top-down:
 - ``run``        the sweep: ``run_sweep``, its grid and reuse, what it publishes, its manifest
 - ``tracked``    the tracked-run sequence the tune and prune stages share (``run_tracked``): parent run, decisions,
                  Tuner, records, closing, the outage buffer flushed and parked
+- ``finetune``   fine-tuning models built from the sweep's runs (the prune and transform stages): identity,
+                 decisions, start weights, manifest entries, links from each source run
 - ``tuner``      the Ray Tune side: the Tuner of the trials that train, a trial's config, whether a run restores
 - ``grid``       variants x seeds, and what to do with each trial
 - ``reuse``      the rule: reuse a finished run, resume an unfinished one from its checkpoint, or train

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pyarrow.fs as pafs
-from mlflow.exceptions import MlflowException
 
 from pipeline.config import Params
 from pipeline.io import check_tracking_server
@@ -52,7 +51,7 @@ def dry_run_decisions(
     try:
         check_tracking_server(uri, "tracking.uri")
         experiment_id = active_experiment_id(uri, params.tracking.experiment)
-    except (ValueError, MlflowException) as err:
+    except ValueError as err:
         return None, f"{state} (cannot look up earlier runs: {err})"
     return sweep_decisions(params, data_hash, uri, experiment_id), state
 
@@ -102,21 +101,11 @@ def stale_data(params: Params, project_root: Path) -> list[str]:
     if not path.is_file():
         return []
     prepared = json.loads(path.read_text())
-    shape = prepared.get("image_shape") or [None, None, None]
-    found = {
-        "data.dataset": prepared.get("dataset"),
-        "data.image_size": shape[-1],
-        "data.test_fraction": prepared.get("test_fraction"),
-    }
-    wanted = {
-        "data.dataset": params.data.dataset,
-        "data.image_size": params.data.image_size,
-        "data.test_fraction": params.data.test_fraction,
-    }
+    found = {**prepared, "image_size": (prepared.get("image_shape") or [None])[-1]}
     return [
-        f"{key} is {wanted[key]!r} but the prepared data has {found[key]!r}"
-        for key in wanted
-        if found[key] is not None and found[key] != wanted[key]
+        f"data.{key} is {getattr(params.data, key)!r} but the prepared data has {found.get(key)!r}"
+        for key in ("dataset", "image_size", "test_fraction")
+        if found.get(key) is not None and found.get(key) != getattr(params.data, key)
     ]
 
 

@@ -13,7 +13,7 @@ import os
 import re
 
 from ray import tune
-from ray._private.thirdparty.tabulate.tabulate import tabulate  # the table writer Tune's own reporter uses
+from tabulate import tabulate  # the writer Tune's own reporter vendors (ray._private.thirdparty); ours is a dependency
 
 from pipeline.sweep.manifest import METRIC
 from pipeline.trial.report import ETA_KEY

@@ -19,13 +19,10 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
-
 from pipeline.sweep.checkpoints import newest_checkpoint
 from pipeline.sweep.manifest import FINISHED
 from pipeline.sweep.storage import StoragePath, found_file
-from pipeline.sweep.tracking.store import find_runs, mlflow_client
+from pipeline.sweep.tracking.store import MlflowClient, Run, find_runs, mlflow_client
 from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, LAST_EPOCH_TAG, STATUS_TAG, TRIAL_PATH_TAG
 from pipeline.trial.report import CHECKPOINT_FILE
 

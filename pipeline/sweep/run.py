@@ -17,9 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Run
-from mlflow.exceptions import MlflowException
-
 from pipeline.config import Params, parse_params
 from pipeline.data.prepared import PreparedData, content_hash
 from pipeline.sweep.grid import sweep_decisions
@@ -35,7 +32,7 @@ from pipeline.sweep.tracking.callback import TrialInfo
 from pipeline.sweep.tracking.logged_model import PreparedDataset
 from pipeline.sweep.tracking.parent import ParentRun
 from pipeline.sweep.tracking.registry import SweepSummary, publish_summary
-from pipeline.sweep.tracking.store import mlflow_client, tracking_uri
+from pipeline.sweep.tracking.store import Run, mlflow_client, tracking_uri
 from pipeline.sweep.tracking.tags import KEY_TAG, TRIAL_ID_TAG, flatten, git_commit, parent_run_name
 from pipeline.sweep.tuner import trial_config
 from pipeline.trial.report import HEAD_HISTORY_FILE
@@ -189,8 +186,7 @@ def reused_records(uri: str, decisions: list[TrialDecision], seen: dict[str, Run
 
 
 def publish_sweep(params: Params, data_hash: str, parent: ParentRun, trials: list[TrialRecord]) -> None:
-    """The tune stage's summary on its parent run, once the sweep has finished; a tracking error only warns (the
-    trials' runs and the manifest are what later stages need)."""
+    """The tune stage's summary on its parent run, once the sweep has finished (``registry.publish_summary``)."""
     data = params.data
     seeds = len(params.sweep.seeds)
     summary = SweepSummary(
@@ -199,7 +195,4 @@ def publish_sweep(params: Params, data_hash: str, parent: ParentRun, trials: lis
         params.train.epochs,
         accuracy_summary(trials),
     )
-    try:
-        publish_summary(parent.tracking_uri, parent.parent_run_id, summary, trials)
-    except MlflowException as err:
-        log.warning("MLflow: could not write the sweep's summary or register its models: %s", err)
+    publish_summary(parent.tracking_uri, parent.parent_run_id, summary, trials)

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlflow.exceptions import MlflowException
 from ray import tune
 
 from pipeline.config import Params
@@ -37,17 +36,11 @@ from pipeline.sweep.reuse import REUSE, TrialDecision, read_decisions, write_dec
 from pipeline.sweep.session import ray_session
 from pipeline.sweep.storage import StoragePath, driver_dir, storage_dir
 from pipeline.sweep.tracking.buffer import BUFFER_FILE, FINAL_WAIT_S, TrackingBuffer, flush_buffers, park_buffer
-from pipeline.sweep.tracking.callback import (
-    EPOCH_METRICS,
-    MlflowTrialCallback,
-    TrialInfo,
-    close_interrupted,
-    trial_outcome,
-)
+from pipeline.sweep.tracking.callback import MlflowTrialCallback, TrialInfo, close_interrupted, trial_outcome
 from pipeline.sweep.tracking.claims import TrialClaims
+from pipeline.sweep.tracking.epochs import EPOCH_METRICS
 from pipeline.sweep.tracking.logged_model import PreparedDataset
 from pipeline.sweep.tracking.parent import ParentRun, finish_parent, open_parent_run, record_trials
-from pipeline.sweep.tracking.store import child_runs, is_outage, mlflow_client
 from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, FAILURE_REASON_TAG, KEY_TAG, PARENT_TAG, STATUS_TAG
 from pipeline.sweep.tuner import build_tuner, restorable
 from pipeline.trial.report import HEAD_HISTORY_FILE
@@ -166,7 +159,7 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
     except BaseException:
         claims.release("KILLED")
         raise
-    for line in callback.failure_summary():  # a trial's lost attempts (a killed worker, an error) in one line each
+    for line in callback.failures.summary():  # a trial's lost attempts (a killed worker, an error) in one line each
         log.warning("%s", line)
     claims.release("KILLED" if any(r.status in (INTERRUPTED, ERROR) for r in records) else "FINISHED")
     outcome = TrackedOutcome(
@@ -230,13 +223,13 @@ def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> li
     seed (a trial that failed before its first report). While the store cannot be read (the server down, writes still
     buffered), what the callback wrote stands for the run: its id, name, tags and how the trial ended."""
     run_ids = callback.run_ids()
-    runs = _stored_runs(callback.parent, run_ids) if callback.buffer.flush(force=True) else None
+    runs = callback.stored_runs() if callback.buffer.flush(force=True) else None
     by_variant_seed = {(run.data.tags.get("variant"), run.data.tags.get("seed")): run for run in (runs or {}).values()}
     records = []
     for result in results:
         folder = Path(result.path).name
         trial_id = result.metrics.get("trial_id") or folder
-        failed = callback.failed_config(folder)  # Tune ended it as failed, retries spent
+        failed = callback.failures.failed_config(folder)  # Tune ended it as failed, retries spent
         config = result.config if result.config is not None else failed
         if config is None:  # still PENDING when the run stopped (Ctrl-C): never started, has no run
             records.append(TrialRecord(trial_id, None, None, "", -1, INTERRUPTED, 0, {}, None, None))
@@ -256,18 +249,6 @@ def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> li
         variant, seed = config["variant"], int(config["seed"])
         records.append(trial_record(trial_id, run, variant, seed, status, result.metrics, checkpoint))
     return records
-
-
-def _stored_runs(parent: ParentRun, run_ids: dict[str, str]) -> dict[str, Any] | None:
-    """The parent's child runs and the runs the callback continued, by trial id; None when the server is down."""
-    try:
-        runs = child_runs(parent.tracking_uri, parent.experiment_id, parent.parent_run_id)
-        client = mlflow_client(parent.tracking_uri)
-        return runs | {trial_id: client.get_run(run_id) for trial_id, run_id in run_ids.items() if trial_id not in runs}
-    except MlflowException as err:
-        if not is_outage(err):
-            raise
-        return None
 
 
 def trial_record(

@@ -43,12 +43,12 @@ def count_worker_deaths_as_failures() -> None:
     from ray.air.execution._internal.actor_manager import RayActorManager
 
     original = RayActorManager._actor_task_failed
-    if getattr(original, "_counts_worker_deaths", False):
+    if getattr(original, "counts_worker_deaths", False):
         return
 
     @functools.wraps(original)
     def _actor_task_failed(self: RayActorManager, tracked_actor_task: Any, exception: Exception) -> None:
         return original(self, tracked_actor_task, as_actor_death(exception))
 
-    _actor_task_failed._counts_worker_deaths = True  # type: ignore[attr-defined]
+    _actor_task_failed.counts_worker_deaths = True  # type: ignore[attr-defined]
     RayActorManager._actor_task_failed = _actor_task_failed

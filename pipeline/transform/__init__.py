@@ -2,6 +2,6 @@
 
 - ``plan``       which trained ResNet18 each ``transform`` variant is built from, the refusals, the conversion and its
                  exactness check, before Ray starts
-- ``run``        fine-tuning the converted networks as Tune trials through ``pipeline.sweep.tracked``, as prune does
+- ``run``        fine-tuning the converted networks through ``pipeline.sweep.finetune``, as prune does
 - ``manifest``   ``results/transform/manifest.json``: schema, writer, reader (no Ray, no MLflow)
 """

@@ -117,8 +117,12 @@ class Project:
     def read_params(self) -> dict:
         return yaml.safe_load((self.path / "params.yaml").read_text())
 
+    def attempt(self, *command: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run ``command`` in the project: its result whatever its exit code (a refusal the test checks)."""
+        return subprocess.run(command, cwd=self.path, env=self.env, capture_output=True, text=True, timeout=timeout)
+
     def run(self, *command: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        done = subprocess.run(command, cwd=self.path, env=self.env, capture_output=True, text=True, timeout=timeout)
+        done = self.attempt(*command, timeout=timeout)
         if done.returncode != 0:
             raise AssertionError(f"{command} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
         return done

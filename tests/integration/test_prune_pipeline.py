@@ -108,14 +108,7 @@ def _refused(project: Project, params: dict) -> subprocess.CompletedProcess:
     original = (project.path / "params.yaml").read_text()
     project.write_params(params)
     try:
-        return subprocess.run(
-            ["python", "-m", "stages.prune"],
-            cwd=project.path,
-            env=project.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return project.attempt("python", "-m", "stages.prune", timeout=120)
     finally:
         (project.path / "params.yaml").write_text(original)
 

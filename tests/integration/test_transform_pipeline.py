@@ -5,7 +5,6 @@ sweep whose ResNet18 did not finish, before any work."""
 from __future__ import annotations
 
 import json
-import subprocess
 from typing import TYPE_CHECKING
 
 import pytest
@@ -55,14 +54,7 @@ def test_an_unfinished_resnet_is_refused_naming_the_variant(study: dict, project
     try:
         project.write_params(study["params"])
         path.write_text(json.dumps(manifest))
-        done = subprocess.run(
-            ["python", "-m", "stages.transform", "--dry-run"],
-            cwd=project.path,
-            env=project.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = project.attempt("python", "-m", "stages.transform", "--dry-run", timeout=120)
     finally:
         path.write_text(original)
         project.write_params(params)

@@ -77,7 +77,7 @@ class TrackingBuffer:
     def pending(self) -> int:
         """Writes waiting in the file."""
         if self._pending is None:
-            self._pending = len(self._entries())
+            self._pending = len(self.entries())
         return self._pending
 
     @property
@@ -195,7 +195,7 @@ class TrackingBuffer:
             self.down = True
             return False
         self.down = False
-        entries = self._entries()
+        entries = self.entries()
         for done, entry in enumerate(entries):
             try:
                 self._apply(entry)
@@ -277,7 +277,7 @@ class TrackingBuffer:
         assert self.path is not None, "only a buffer on disk hands out placeholders"
         write_json_atomic(self.path.with_name(RUNS_FILE), self.resolved)
 
-    def _entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[dict[str, Any]]:
         if self.path is None or not self.path.is_file():
             return []
         lines = [line for line in self.path.read_text().splitlines() if line.strip()]
@@ -301,7 +301,7 @@ class TrackingBuffer:
             file.flush()
             os.fsync(file.fileno())
         self.appended += 1
-        self._pending = self.pending + 1 if self._pending is not None else len(self._entries())
+        self._pending = self.pending + 1 if self._pending is not None else len(self.entries())
 
     def _rewrite(self, entries: list[dict[str, Any]]) -> None:
         """What is left after a replay, replacing the file at once (a crash mid-replay keeps the file as it was)."""
@@ -344,7 +344,7 @@ def flush_buffers(storage: StoragePath, local_root: Path) -> None:
                 parked.delete()
             log.info("MLflow: took back the writes a run left buffered in %s", experiment)
     for path in sorted(local_root.glob(f"*/{BUFFER_FILE}")):
-        entries = TrackingBuffer(path, "")._entries()
+        entries = TrackingBuffer(path, "").entries()
         buffer = TrackingBuffer(path, entries[0]["uri"] if entries else "")
         if entries and not buffer.flush(force=True):
             log.warning(

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from mlflow.entities import Run, RunTag
 
 from pipeline.sweep.reuse import REUSE, TrialDecision
-from pipeline.sweep.tracking.store import ensure_experiment, mlflow_client, server_answers
+from pipeline.sweep.tracking.store import all_runs, ensure_experiment, mlflow_client, server_answers
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,6 @@ class TrialClaims:
         self._start = 0  # the claim run's start time: its place in the order
         self._stop = threading.Event()
         self._heart: threading.Thread | None = None
-        self.requests = 0  # store requests made, for the planning benchmark
 
     # -- the protocol -------------------------------------------------------------------------------------------
     def decide(self, plan: Callable[[], list[TrialDecision]]) -> list[TrialDecision]:
@@ -208,7 +207,6 @@ class TrialClaims:
                 PID_TAG: str(self.pid),
                 WHERE_TAG: self.where,
             }
-            self.requests += 1
             run = self.client.create_run(self.experiment_id, run_name=f"claim-{self.owner}", tags=tags)
             self.run_id, self._start, self.keys = run.info.run_id, int(run.info.start_time), keys
             return
@@ -217,25 +215,14 @@ class TrialClaims:
             stale = {f"{KEYS_TAG}.{i}": "" for i in range(len(key_tags(self.keys)))}
             update |= stale | key_tags(keys)
             self.keys = keys
-        self.requests += 1
         self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in update.items()])
 
     def _set(self, tag: str, value: str) -> None:
-        self.requests += 1
         self.client.set_tag(str(self.run_id), tag, value)
 
     def live(self) -> list[Claim]:
         """Every live claim in one paged search; dead drivers' claims are taken over (closed) on the way."""
-        runs, token = [], None
-        while True:
-            self.requests += 1
-            page = self.client.search_runs(
-                [self.experiment_id], "attributes.status = 'RUNNING'", max_results=1000, page_token=token
-            )
-            runs.extend(page)
-            token = page.token
-            if not token:
-                break
+        runs = list(all_runs(self.client, self.experiment_id, "attributes.status = 'RUNNING'"))  # before any take-over
         claims = []
         for claim in map(Claim.of, runs):
             if claim.run_id != self.run_id and self._dead(claim):
@@ -265,7 +252,6 @@ class TrialClaims:
             claim.where,
             self.timeout_s,
         )
-        self.requests += 2
         self.client.set_tag(claim.run_id, ENDED_TAG, f"taken_over by {self.where}")
         self.client.set_terminated(claim.run_id, "KILLED")
 

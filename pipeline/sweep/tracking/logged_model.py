@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
+import mlflow.artifacts
 import mlflow.pytorch
 import torch
 from mlflow.data.dataset_source_registry import get_dataset_source_from_json
@@ -125,6 +126,14 @@ def log_checkpoint(
     client.set_tag(run_id, CHECKPOINT_TAG, location or str(checkpoint_dir))
     model_uri = log_trial_model(tracking_uri, run_id, checkpoint_dir, dataset, payload)
     client.set_tag(run_id, MODEL_URI_TAG, model_uri)
+
+
+def download_checkpoint(tracking_uri: str, artifact_uri: str, destination: Path) -> str:
+    """The checkpoint folder a run uploaded (``artifact_uri``: ``runs:/<id>/checkpoint``) downloaded into
+    ``destination``, for a later stage whose Ray copy is gone; the local folder's path."""
+    return mlflow.artifacts.download_artifacts(
+        artifact_uri=artifact_uri, dst_path=str(destination), tracking_uri=tracking_uri
+    )
 
 
 def log_dataset(dataset: PreparedDataset) -> None:

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from mlflow.entities import Metric, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep.manifest import COMPLETED, TrialRecord
@@ -76,10 +77,15 @@ def register_best_models(
 ) -> dict[str, str]:
     """Register the final model of each variant's best trial as ``<experiment>.<variant><suffix>`` (a new version
     unless this run's model is already one); return variant -> registered name. Trials whose model was not logged
-    are skipped. The prune stage registers its fine-tuned models with ``suffix="_pruned"``."""
+    are skipped. The prune stage registers its fine-tuned models with ``suffix="_pruned"``. A tracking error only
+    warns (the trials' runs and the manifest are what later stages need)."""
     client = mlflow_client(tracking_uri)
-    with using_tracking_uri(tracking_uri):  # the registry resolves a version's ``models:/`` source through it
-        return _register(client, experiment, trials, suffix)
+    try:
+        with using_tracking_uri(tracking_uri):  # the registry resolves a version's ``models:/`` source through it
+            return _register(client, experiment, trials, suffix)
+    except MlflowException as err:
+        log.warning("MLflow: could not register the models: %s", err)
+        return {}
 
 
 BEST_ALIAS = "best"  # ``models:/<name>@best``: the version with the highest final test_acc of all sweeps
@@ -147,10 +153,14 @@ def _point_best_alias(client: MlflowClient, name: str) -> None:
 
 
 def publish_summary(tracking_uri: str, parent_run_id: str, summary: SweepSummary, trials: list[TrialRecord]) -> None:
-    """Register the best models, then give the parent run its summary metrics and description."""
+    """Register the best models, then give the parent run its summary metrics and description; a tracking error only
+    warns, as in ``register_best_models``."""
     client = mlflow_client(tracking_uri)
-    experiment = client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
-    registered = register_best_models(tracking_uri, experiment, trials)
     now = int(time.time() * 1000)
     metrics = [Metric(f"test_acc.{variant}", acc["test_acc"], now, 0) for variant, acc in summary.accuracy.items()]
-    client.log_batch(parent_run_id, metrics=metrics, tags=[RunTag(NOTE_TAG, summary_note(summary, registered))])
+    try:
+        experiment = client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
+        registered = register_best_models(tracking_uri, experiment, trials)
+        client.log_batch(parent_run_id, metrics=metrics, tags=[RunTag(NOTE_TAG, summary_note(summary, registered))])
+    except MlflowException as err:
+        log.warning("MLflow: could not write the sweep's summary: %s", err)

@@ -174,9 +174,28 @@ def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> 
 
 
 def active_experiment_id(uri: str, name: str) -> str | None:
-    """The id of the active experiment ``name``, None when there is none (a look-up: nothing is created)."""
-    experiment = mlflow_client(uri).get_experiment_by_name(name)
+    """The id of the active experiment ``name``, None when there is none (a look-up: nothing is created); a store
+    that cannot be read raises ``ValueError`` naming it."""
+    try:
+        experiment = mlflow_client(uri).get_experiment_by_name(name)
+    except MlflowException as err:
+        raise ValueError(f"the MLflow store at {uri} cannot be read: {err}") from err
     return experiment.experiment_id if experiment and experiment.lifecycle_stage == "active" else None
+
+
+def experiment_name(uri: str, experiment_id: str) -> str:
+    """The name of the MLflow experiment ``experiment_id`` (the registry names models after it)."""
+    return mlflow_client(uri).get_experiment(experiment_id).name
+
+
+def finished_run(uri: str, run_id: str, step0_metric: str | None = None) -> tuple[Run, float | None]:
+    """A finished run read back for a stage's manifest, with ``step0_metric``'s value at step 0 (what a fine-tuning
+    run measured before training; None when not asked for or not logged)."""
+    client = mlflow_client(uri)
+    run = client.get_run(run_id)
+    if step0_metric is None:
+        return run, None
+    return run, next((m.value for m in client.get_metric_history(run_id, step0_metric) if m.step == 0), None)
 
 
 def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> None:
@@ -191,6 +210,17 @@ def check_runs_exist(uri: str, run_ids: list[str | None], manifest: Path) -> Non
             raise ValueError(f"{manifest}: run {run_id} is not in the MLflow store at {uri} (deleted?)")
 
 
+def all_runs(client: MlflowClient, experiment_id: str, query: str, page: int = 1000, **order: Any) -> Iterable[Run]:
+    """Every run of the experiment matching ``query``, ``page`` runs per request (MLflow pages its searches)."""
+    token = None
+    while True:
+        found = client.search_runs([experiment_id], query, max_results=page, page_token=token, **order)
+        yield from found
+        token = found.token
+        if not token:
+            return
+
+
 def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> dict[str, list[Run]]:
     """The active runs of the experiment tagged with each trial key, newest first (deleted runs are not found).
 
@@ -198,35 +228,17 @@ def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> 
     a trial key, at most ``PLAN_PAGE`` per request, kept for the keys asked. A plan of any size costs one request per
     ``PLAN_PAGE`` keyed runs in the store (one up to 50,000), not one search over the whole store per trial."""
     found: dict[str, list[Run]] = {key: [] for key in sorted(set(keys))}
-    token = None
-    while found:
-        page = client.search_runs(
-            [experiment_id],
-            f"tags.`{KEY_TAG}` LIKE '%'",
-            max_results=PLAN_PAGE,
-            order_by=["start_time DESC"],
-            page_token=token,
-        )
-        for run in page:
+    if found:
+        query = f"tags.`{KEY_TAG}` LIKE '%'"
+        for run in all_runs(client, experiment_id, query, PLAN_PAGE, order_by=["start_time DESC"]):
             if (key := run.data.tags.get(KEY_TAG)) in found:
                 found[key].append(run)
-        token = page.token
-        if not token:
-            break
     return found
 
 
 def child_runs(uri: str, experiment_id: str, parent_run_id: str) -> dict[str, Run]:
     """The child runs of ``parent_run_id`` keyed by their Ray trial id (their run id when they have none)."""
-    client = mlflow_client(uri)
-    query = f"tags.`{PARENT_TAG}` = '{parent_run_id}'"
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], query, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            break
+    runs = all_runs(mlflow_client(uri), experiment_id, f"tags.`{PARENT_TAG}` = '{parent_run_id}'")
     return {run.data.tags.get(TRIAL_ID_TAG, run.info.run_id): run for run in runs}
 
 

@@ -9,7 +9,8 @@ import pytest
 from pipeline.config import ConfigError, load_params, parse_params
 from pipeline.models import build_model
 from pipeline.prune.plan import check_fresh, format_plans, local_sources, plan_pruning, select_sources
-from pipeline.prune.run import finetune_params, prune_key, prune_name
+from pipeline.prune.run import finetune_params, prune_key
+from pipeline.sweep.finetune import finetune_name
 from pipeline.sweep.manifest import TrialRecord, TuneManifest
 from pipeline.trial.checkpoint import save_model_checkpoint
 
@@ -136,5 +137,6 @@ def test_a_pruned_models_identity_is_its_source_trial_and_the_prune_params() -> 
     assert prune_key(_params().model_copy(update={"seed": 3}), Plan()) == key  # not in the source trial's identity
     Plan.source.trial_key = "another-source"
     assert prune_key(_params(), Plan()) != key
-    name = prune_name([key, "b"])
-    assert name.startswith("prune-") and name == prune_name(["b", key]) and name != prune_name([key])
+    name = finetune_name("prune", [key, "b"])
+    assert name.startswith("prune-") and name == finetune_name("prune", ["b", key])
+    assert name != finetune_name("prune", [key])

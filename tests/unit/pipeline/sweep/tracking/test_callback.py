@@ -10,7 +10,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep.manifest import INTERRUPTED
-from pipeline.sweep.tracking.callback import EPOCH_METRICS, MlflowTrialCallback, TrialInfo, trial_outcome
+from pipeline.sweep.tracking.callback import MlflowTrialCallback, TrialInfo, trial_outcome
+from pipeline.sweep.tracking.epochs import EPOCH_METRICS
 from pipeline.sweep.tracking.parent import ParentRun
 from pipeline.sweep.tracking.store import ensure_experiment
 from pipeline.sweep.tracking.tags import NODES_TAG
@@ -257,7 +258,7 @@ def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
     is closed after its model, and on_experiment_end waits for it."""
     import threading
 
-    from pipeline.sweep.tracking import callback as module
+    from pipeline.sweep.tracking import trial_end as module
 
     mlflow, experiment_id = client
     sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
@@ -304,7 +305,7 @@ def test_a_trials_checkpoint_is_read_once_at_its_end(client, tmp_path: Path, mon
 def test_an_error_at_a_trials_end_is_raised_in_the_driver_when_the_sweep_ends(
     client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.sweep.tracking import callback as module
+    from pipeline.sweep.tracking import trial_end as module
 
     mlflow, experiment_id = client
     sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
@@ -329,7 +330,7 @@ def test_an_outage_during_a_background_trial_end_goes_to_the_buffer_and_is_repla
     queued in the buffer behind the run's earlier writes, and the replay uploads it and closes the run."""
     import requests
 
-    from pipeline.sweep.tracking import callback as module
+    from pipeline.sweep.tracking import trial_end as module
 
     mlflow, experiment_id = client
     sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
@@ -385,11 +386,11 @@ def test_lost_attempts_are_summed_up_per_trial_with_the_last_reason(client, tmp_
     callback.on_trial_recover(iteration=1, trials=[dead], trial=dead)
     dead.error_file.write_text(LOST_WORKER + RAISED)
     callback.on_trial_error(iteration=2, trials=[dead], trial=dead)  # never started: no run to end
-    assert callback.failure_summary() == [
+    assert callback.failures.summary() == [
         "v seed 1: 1 failed attempt, retried (last: The actor died unexpectedly before finishing this task.)",
         "v seed 2: 2 failed attempts, no retry left (last: pipeline.trial.trainable.InjectedFailure: failing once "
         "after epoch 1)",
     ]
     # Failed for good, found by its folder (its result has no config: no report): a failed trial, not a pending one.
-    assert callback.failed_config("t-dead") == {"variant": "v", "seed": 2}
-    assert callback.failed_config("t-retried") is None
+    assert callback.failures.failed_config("t-dead") == {"variant": "v", "seed": 2}
+    assert callback.failures.failed_config("t-retried") is None

@@ -1,0 +1,118 @@
+"""A trial's per-epoch writes to its run: one ``log_batch`` per epoch at ``step=epoch``, each epoch once.
+
+Only the keys ``report.epoch_metrics`` picks from a report go out (not Ray's bookkeeping keys), with the first epoch
+those measured before training at step 0 (``report.initial_metrics``), so each locality curve starts at the
+initialisation. An epoch already in the run is never logged again: Tune resumes a trial from its last saved state,
+which can lag behind what was logged, and a run continued from an earlier sweep gets the epochs its checkpoint holds
+but the run misses (``catch_up``). The node and device a report came from are tagged when they change.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from mlflow.entities import Metric, RunTag
+
+from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.tracking.buffer import PLACEHOLDER
+from pipeline.sweep.tracking.tags import NODES_TAG
+from pipeline.trial.checkpoint import load_checkpoint
+from pipeline.trial.report import METRIC_KEYS, WHERE_KEY, epoch_metrics, initial_metrics
+
+if TYPE_CHECKING:
+    from pipeline.sweep.tracking.callback import MlflowTrialCallback
+
+log = logging.getLogger(__name__)
+
+# Keys of run_trial's per-epoch report that every run has as MLflow metrics (``epoch`` is the step, not a metric); a
+# self-attention trial's report adds its locality/layer<l>/<metric> values (``report.epoch_metrics`` selects both).
+EPOCH_METRICS = tuple(key for key in METRIC_KEYS if key != "epoch")
+
+
+def epoch_batch(report: dict, epoch: int, now: int) -> list[Metric]:
+    """An epoch's MLflow metrics at ``step=epoch``; with the first epoch, those measured before training at step 0."""
+    metrics = [Metric(k, v, now, epoch) for k, v in epoch_metrics(report).items()]
+    return metrics + [Metric(k, v, now, 0) for k, v in initial_metrics(report).items()]
+
+
+class EpochWrites:
+    """The callback's per-epoch writes. Plain data (Tune pickles it with the callback): per trial the last epoch
+    already in its run and the node and device of its last report, per run the nodes it ran on."""
+
+    def __init__(self, callback: MlflowTrialCallback) -> None:
+        self.callback = callback
+        self.logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
+        self.nodes: dict[str, list[str]] = {}  # run_id -> the nodes it ran on (the ray.node_ids tag)
+        self.seen_where: dict[str, dict[str, str]] = {}  # trial_id -> node and device of its last report
+        self.count = 0  # epochs logged by this driver (the benchmarks' rate)
+
+    def continued(self, trial: Any, run_id: str, from_earlier_sweep: bool) -> None:
+        """A run continued by a retry, a restore or a trial resumed from an earlier sweep: which epochs it has."""
+        callback = self.callback
+        history = callback.read(lambda: callback.client.get_metric_history(run_id, EPOCH_METRICS[0]), None)
+        if history is not None:
+            self.logged_through[trial.trial_id] = max((m.step for m in history), default=0)
+            if from_earlier_sweep:
+                self.catch_up(trial.trial_id, run_id, StoragePath(trial.config["resume_from"]))
+        elif from_earlier_sweep:  # unreadable: the checkpoint's epochs are in the run (none logged twice)
+            with StoragePath(trial.config["resume_from"]).as_local() as resumed:
+                self.logged_through[trial.trial_id] = int(load_checkpoint(resumed)["epoch"])
+        else:  # unreadable: what this driver reported is what the run has (logged, or queued in the buffer)
+            self.logged_through[trial.trial_id] = callback.last_epoch.get(trial.trial_id, 0)
+
+    def catch_up(self, trial_id: str, run_id: str, checkpoint_dir: StoragePath) -> None:
+        """A checkpoint can be ahead of its run (the driver stopped after the trial saved epoch k but before it
+        logged it): log the epochs the run misses from the checkpoint's own metrics history, so a run resumed in a
+        later sweep has every epoch once."""
+        logged = self.logged_through[trial_id]
+        with checkpoint_dir.as_local() as local:
+            history = load_checkpoint(local).get("metrics_history", [])
+        missing = [m for m in history if int(m["epoch"]) > logged]
+        now = int(time.time() * 1000)
+        for report in missing:
+            epoch = int(report["epoch"])
+            self.callback.buffer.log_batch(run_id, metrics=epoch_batch(report, epoch, now))
+            self.logged_through[trial_id] = epoch
+        if missing:
+            log.info("MLflow: run %s gets epochs %s from its checkpoint", run_id, [int(m["epoch"]) for m in missing])
+
+    def write(self, trial_id: str, run_id: str, epoch: int, result: dict) -> None:
+        """One epoch's report: its metrics unless the run has them already, and where it ran when that changed."""
+        buffer = self.callback.buffer
+        where = self._where_tags(trial_id, run_id, result)  # a retry may run elsewhere
+        if epoch <= self.logged_through.get(trial_id, 0):
+            log.info("MLflow: trial %s epoch %d is already in run %s; not logged again", trial_id, epoch, run_id)
+            if where:
+                buffer.log_batch(run_id, tags=where)
+            return
+        buffer.log_batch(run_id, metrics=epoch_batch(result, epoch, int(time.time() * 1000)), tags=where)
+        self.count += 1
+
+    def _where_tags(self, trial_id: str, run_id: str, result: dict) -> list[RunTag]:
+        """The node and device a report came from when they differ from the trial's previous report (none when they do
+        not), with ``ray.node_ids`` extended when the node is new."""
+        where = {k: str(v) for k, v in (result.get(WHERE_KEY) or {}).items()}
+        if where == self.seen_where.get(trial_id):
+            return []
+        self.seen_where[trial_id] = where
+        if node := where.get("ray.node_id"):
+            where |= self._nodes_tag(run_id, node)
+        return [RunTag(k, v) for k, v in where.items()]
+
+    def _nodes_tag(self, run_id: str, node: str) -> dict[str, str]:
+        """``ray.node_ids``: every node the trial ran on, in order (a retried trial can move; ``ray.node_id`` is the
+        last one). Read back from the run once per driver process, so a restored sweep extends the list."""
+        nodes = self.nodes.get(run_id)
+        if nodes is None:
+            callback = self.callback
+            recorded = "" if run_id.startswith(PLACEHOLDER) else None  # a run created while down has none yet
+            recorded = callback.read(lambda: callback.client.get_run(run_id).data.tags.get(NODES_TAG, ""), recorded)
+            if recorded is None:  # unreadable now: leave the tag as it is rather than drop the nodes it lists
+                return {}
+            nodes = self.nodes[run_id] = [n for n in recorded.split(",") if n]
+        if node in nodes:
+            return {}
+        nodes.append(node)
+        return {NODES_TAG: ",".join(nodes)}
