@@ -1,6 +1,6 @@
 """How long the MLflow UI takes to show a sweep of many runs, measured in headless Chromium.
 
-    python -m benchmarks.mlflow_ui_load [--runs 1000] [--epochs 30] [--repeats 3] [--lab-store DIR]
+    python -m benchmarks.mlflow_ui_load [--runs 1000] [--baseline-runs 10] [--epochs 30] [--repeats 3] [--lab-store DIR]
 
 A lab's sweep puts hundreds to thousands of trial runs in one experiment; the page researchers open first is its runs
 table. This writes ``--runs`` trial-like runs under one parent (a trial's params, tags and per-epoch metrics: 7
@@ -13,6 +13,8 @@ browser profile (``cold``: the UI's code is fetched too) and once more in the sa
 - ``sweep``: the page ``make ui`` prints, the sweep's runs filtered on the parent and sorted by ``test_acc`` with its
   column (``pipeline.sweep.tracking.ui``'s shared view).
 
+It does the same for a small sweep (``--baseline-runs``), alternating the two: a page's time on a loaded machine
+says little alone, its growth from 10 runs to 1000 measured under the same load says whether the store scales.
 It times each from navigation to the moment the page shows the run that belongs on top (the parent's row, or the
 best ``test_acc``), through Chromium's DevTools protocol, and prints the median of ``--repeats`` loads per page. The
 bar a lab's store must clear: the runs page in under 2 s with 1000 runs in it.
@@ -42,6 +44,7 @@ TRAINING_METRICS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "e
 LOCALITY_METRICS = ("attention_distance", "attention_peak", "attention_entropy")  # per layer, as a trial logs them
 VARIANTS = ("sa_quadratic_9", "sa_quadratic_16", "sa_gaussian_9", "sa_learned_9", "resnet18")
 BATCH = 1000  # MLflow's log_batch limit on metrics per request
+PAGES = ("runs", "sweep")
 SHOWN_WITHIN_S = 60.0  # a page that has not shown its top run by then failed
 
 
@@ -207,6 +210,13 @@ def parse_args(argv: list[str] | None = None) -> object:
     parser.add_argument("--epochs", type=positive_int, default=30, help="points per metric (default: %(default)s)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="loads per page (default: %(default)s)")
     parser.add_argument(
+        "--baseline-runs",
+        type=positive_int,
+        default=10,
+        help="a small sweep timed alternately with the large one, so that the machine's load cancels out of the "
+        "comparison (default: %(default)s)",
+    )
+    parser.add_argument(
         "--lab-store", type=Path, metavar="DIR", help="write into the store 'examples/lab_store.sh start DIR' started"
     )
     args = parser.parse_args(argv)
@@ -217,6 +227,15 @@ def parse_args(argv: list[str] | None = None) -> object:
             store = f"--lab-store {args.lab_store}"
             raise ValueError(f"{store}: not a running store (start one with examples/lab_store.sh)")
     return args
+
+
+def pages_of(uri: str, runs: int, epochs: int) -> dict[str, tuple[str, str]]:
+    """A new sweep of ``runs`` runs; its two pages, each with the run that belongs on top."""
+    experiment_id, parent, parent_row, best = populate(uri, runs, epochs)
+    return {
+        "runs": (f"{uri}/#/experiments/{experiment_id}/runs?workflowType=machine_learning", parent_row),
+        "sweep": (sweep_page(uri, experiment_id, parent), best),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,23 +250,27 @@ def main(argv: list[str] | None = None) -> int:
             server.start()
             stack.callback(server.stop)
             uri, store = server.uri, "mlflow server on sqlite"
-        progress(f"mlflow_ui_load: writing {args.runs} runs x {args.epochs} epochs to {uri} ...")
+        sizes = sorted({args.baseline_runs, args.runs})
+        progress(f"mlflow_ui_load: writing sweeps of {sizes} runs x {args.epochs} epochs to {uri} ...")
         started = time.perf_counter()
-        experiment_id, parent, parent_row, best = populate(uri, args.runs, args.epochs)
+        sweeps = {size: pages_of(uri, size, args.epochs) for size in sizes}
         written_s = time.perf_counter() - started
-        pages = {
-            "runs": (f"{uri}/#/experiments/{experiment_id}/runs?workflowType=machine_learning", parent_row),
-            "sweep": (sweep_page(uri, experiment_id, parent), best),
-        }
-        rows = []
-        for name, (url, top) in pages.items():
-            loads = [asyncio.run(page_load_times(url, top)) for _ in range(args.repeats)]
-            cold, warm = statistics.median(c for c, _ in loads), statistics.median(w for _, w in loads)
-            rows.append({"page": name, "cold s": f"{cold:.2f}", "warm s": f"{warm:.2f}", "shows first": top})
-            progress(f"mlflow_ui_load: {name} page: {cold:.2f} s cold, {warm:.2f} s warm")
-    print(f"{args.runs} runs x {args.epochs} epochs in one experiment, {store}; written in {written_s:.0f} s")
-    print(text_table(rows, numeric={"cold s", "warm s"}))
-    print(f"median of {args.repeats} loads; the time until the page shows the run that belongs on top")
+        loads: dict[tuple[int, str], list[tuple[float, float]]] = {key: [] for key in itertools.product(sizes, PAGES)}
+        for repeat in range(args.repeats):  # the sizes alternate: the same load on the machine for both
+            for size, page_name in itertools.product(sizes, PAGES):
+                url, top = sweeps[size][page_name]
+                loads[size, page_name].append(asyncio.run(page_load_times(url, top)))
+            progress(f"mlflow_ui_load: round {repeat + 1}/{args.repeats} loaded")
+    rows = []
+    for (size, page_name), times in loads.items():
+        cold, warm = statistics.median(c for c, _ in times), statistics.median(w for _, w in times)
+        top = sweeps[size][page_name][1]
+        rows.append(
+            {"runs": str(size), "page": page_name, "cold s": f"{cold:.2f}", "warm s": f"{warm:.2f}", "shows first": top}
+        )
+    print(f"sweeps of {sizes} runs x {args.epochs} epochs, one experiment each, {store}; written in {written_s:.0f} s")
+    print(text_table(rows, numeric={"runs", "cold s", "warm s"}))
+    print(f"median of {args.repeats} loads, the sizes alternating; the time until the page shows the run on top")
     return 0
 
 
