@@ -16,4 +16,5 @@
 - ``transform_report``   the section on the trained ResNet18 rebuilt as attention
 - ``cka``                linear CKA (Kornblith et al. 2019); ``cka_report``: its matrices, heat-maps and section
 - ``report``             ``results/report.md``: the setting, the tables, every figure with a sentence
+- ``plots_template``     the page template of ``dvc plots show`` with Vega inlined, so the plots draw offline
 """

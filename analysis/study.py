@@ -730,6 +730,9 @@ def write_outputs(
     )
     outputs = Outputs(table=table, heads=heads, summary=metrics_summary(runs, variants), conv_like=conv_like)
     log.info("tables -> %s", layout.tables)
+    for stale in layout.tables.glob("*") if layout.tables.is_dir() else []:
+        if stale.is_file():  # a table this run does not write (no transform stage, say) must not survive an earlier run
+            stale.unlink()
     outputs.files["tables"] = write_table(table, setting, layout.tables / "accuracy")
     motions = head_motions(study)
     summaries = {run_id: finding_summary(frame) for run_id, frame in motions.items()}

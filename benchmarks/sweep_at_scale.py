@@ -200,6 +200,11 @@ def measure_size(args: argparse.Namespace, base: Params, data: PreparedData, tri
         sides.append(ours)
         progress(f"sweep_at_scale: {trials} trials through bare Ray Tune ...")
         sides.append(run_bare(params, data, root / "bare"))
+    for side in sides:  # a long run's figures as each size ends, not only in the table at the very end
+        progress(
+            f"sweep_at_scale: {trials} trials, {side.way}: "
+            + ", ".join(f"{k} {v}" for k, v in row(side, args.concurrency).items() if k not in ("trials", "way"))
+        )
     return sides
 
 

@@ -356,8 +356,12 @@ def test_without_prune_manifest_the_pruned_model_waits(tmp_path: Path, monkeypat
 
     build_study(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "it-analysis-noprune")
     (tmp_path / "results/prune/manifest.json").unlink()
+    stale = tmp_path / "results/tables/an_earlier_runs_table.csv"  # outputs persist (dvc.yaml): the stage clears them
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("variant\nsa_generalized_9_pruned\n")
     monkeypatch.chdir(_project(tmp_path))
     assert main(["--no-mlflow"]) == 0
+    assert not stale.exists()
     table = pd.read_csv(tmp_path / "results/tables/accuracy.csv").set_index("variant")
     assert "sa_generalized_9_pruned" not in table.index
     report = (tmp_path / "results/report.md").read_text()

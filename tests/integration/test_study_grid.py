@@ -9,7 +9,10 @@ every self-attention run charts its locality per epoch in MLflow.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -84,11 +87,44 @@ def test_dvc_plots_draw_one_series_per_variant_in_its_own_colour(study: dict) ->
         spec = plot["content"]
         encoding = spec.get("encoding") or spec["spec"]["encoding"]
         assert encoding["color"]["field"] == "model" and encoding["color"]["scale"] == {"range": {"field": "colour"}}
+        assert encoding["color"]["sort"] == "ascending"  # as the range read from the colour column is sorted
         rows = pd.DataFrame(spec["data"]["values"])
         colours = rows.groupby("variant")["colour"].nunique()
         assert (colours == 1).all() and rows.groupby("model")["variant"].nunique().eq(1).all()  # one series each
     accuracy = pd.DataFrame(study["plots"]["results/plots/accuracy.csv"][0]["content"]["data"]["values"])
     assert set(accuracy["variant"]) == {*SWEPT, "sa_generalized_9_pruned"}
+
+
+@pytest.mark.browser
+def test_dvc_plots_draw_offline(study: dict, project: Project, tmp_path: Path) -> None:
+    """`dvc plots show`'s page, opened in headless Chromium that can resolve no host at all: both data plots draw
+    their lines and points (the page inlines Vega: .dvc/plots/offline.html); the screenshot stays in tmp_path."""
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        pytest.skip("headless Chromium not installed (/usr/bin/chromium; apt-get install chromium)")
+    page = Path(project.dvc("plots", "show", "-o", str(tmp_path / "plots")).stdout.strip().splitlines()[-1][7:])
+    assert "cdn.jsdelivr.net" not in page.read_text()
+    browser = [
+        str(chromium),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--host-resolver-rules=MAP * ~NOTFOUND",  # no network: every host name fails to resolve
+        f"--user-data-dir={tempfile.mkdtemp(dir=tmp_path)}",
+        "--virtual-time-budget=20000",
+        "--window-size=1600,1400",
+    ]
+    shot = [f"--screenshot={tmp_path / 'plots.png'}", "--dump-dom", page.as_uri()]
+    dumped = subprocess.run([*browser, *shot], capture_output=True, text=True, timeout=120)
+    assert dumped.returncode == 0 and (tmp_path / "plots.png").is_file(), dumped.stderr[-2000:]
+    divs = re.split(r'<div id="results_', dumped.stdout)[1:]
+    plots = {div.split('"', 1)[0]: div for div in divs}
+    for name in ("plots_accuracy_csv", "plots_locality_csv"):
+        assert name in plots, sorted(plots)
+        lines = len(re.findall(r'class="mark-line role-mark', plots[name]))
+        points = len(re.findall(r'class="mark-symbol role-mark', plots[name]))
+        assert lines >= 1 and points >= 1, (name, lines, points)
 
 
 def test_every_attention_run_charts_its_locality_per_epoch_in_mlflow(study: dict) -> None:

@@ -32,6 +32,7 @@ BENCHMARKS = (
     "tracking_load",
     "gpu_evidence",
     "sweep_at_scale",
+    "mlflow_ui_load",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -48,6 +49,7 @@ FIRST_WORK = {
     "tracking_load": "MlflowServer",
     "gpu_evidence": "Evidence",
     "sweep_at_scale": "prepare_dataset",
+    "mlflow_ui_load": "populate",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -112,6 +114,24 @@ def test_truncation_reports_savings_within_the_bound(capsys: pytest.CaptureFixtu
     eps, gflop, saved, head_error = float(row[0]), float(row[1]), _number(row[2]), float(row[-1])
     assert eps == 1e-2 and gflop < exact and saved > 0
     assert head_error <= eps * 1.01  # the guarantee, up to float32 rounding
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_mlflow_ui_load_times_both_pages(capsys: pytest.CaptureFixture[str]) -> None:
+    """A real server, two small sweeps and headless Chromium: both pages of each show the run that belongs on top."""
+    from benchmarks import mlflow_ui_load
+
+    if not mlflow_ui_load.CHROMIUM.is_file():
+        pytest.skip(f"headless Chromium not installed ({mlflow_ui_load.CHROMIUM})")
+    assert mlflow_ui_load.main(["--runs", "4", "--baseline-runs", "2", "--epochs", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = {tuple(line.split()[:2]): line.split() for line in out.splitlines() if line.strip()[:1].isdigit()}
+    assert set(rows) == {("2", "runs"), ("2", "sweep"), ("4", "runs"), ("4", "sweep")}, out
+    assert rows["4", "runs"][4] == "sweep-of-4" and rows["4", "sweep"][4].endswith(".seed3"), out  # the best test_acc
+    assert rows["2", "runs"][4] == "sweep-of-2", out
+    times = [float(row[column]) for row in rows.values() for column in (2, 3)]
+    assert all(0 < seconds < mlflow_ui_load.SHOWN_WITHIN_S for seconds in times), out
 
 
 def test_aggregate_rate_spans_the_common_window() -> None:
@@ -261,6 +281,8 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("sweep_at_scale", ["--trials", "3", "--sizes", "1,5"], "--sizes must be smaller than --trials 3"),
         ("sweep_at_scale", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("sweep_at_scale", ["--lab-store", "{file}"], "not a running store (start one with examples/lab_store.sh)"),
+        ("mlflow_ui_load", ["--runs", "0"], "--runs"),
+        ("mlflow_ui_load", ["--lab-store", "{file}"], "not a running store (start one with examples/lab_store.sh)"),
         ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("finding", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nonsense"),
