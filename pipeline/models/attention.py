@@ -113,6 +113,11 @@ class MultiHeadSelfAttention(nn.Module):
         """Centres (H, 2) and ``Sigma^-1`` (H, 2, 2) for Gaussian encodings; None otherwise."""
         return self.encoding.head_geometry()
 
+    def head_report(self) -> dict[str, Tensor]:
+        """Per-head (H,) quantities this kind reports each epoch beyond the locality every layer is measured by: the
+        names its registry entry lists under ``head_reports`` (``pipeline.encodings``); none for the paper's layer."""
+        return {}
+
     def prune_heads(self, keep: list[int]) -> None:
         """Physically remove the heads not in ``keep``: their encoding parameters and their value columns.
 

@@ -38,15 +38,14 @@ class TransformerLayer(nn.Module):
 
     def __init__(
         self,
-        encoding: PositionalEncoding,
+        attention: MultiHeadSelfAttention,
         hidden: int,
         ffn: int,
         dropout: float,
-        attention_dropout: float,
         layer_norm_eps: float,
     ) -> None:
         super().__init__()
-        self.attention = MultiHeadSelfAttention(encoding, hidden, attention_dropout=attention_dropout)
+        self.attention = attention
         self.attention_dense = nn.Linear(hidden, hidden)  # BertSelfOutput.dense, after the heads' Linear
         self.attention_norm = nn.LayerNorm(hidden, eps=layer_norm_eps)
         self.ffn_in = nn.Linear(hidden, ffn)
@@ -61,7 +60,9 @@ class TransformerLayer(nn.Module):
 
 
 class SelfAttentionNet(nn.Module):
-    """Fully-attentional classifier. ``encodings`` gives one positional encoding per layer (its head count).
+    """Fully-attentional classifier. ``encodings`` gives each layer's attention: a positional encoding (the paper's
+    attention layer is built on it, with ``attention_dropout``) or an attention layer built already
+    (``pipeline.models.kinds``: content scores, ConViT's gated heads), on ``hidden`` features.
 
     Layers may have different head counts, which is what a pruned model is, down to none (the layer's attention
     branch is then its value bias, then Dense, residual and LayerNorm, then the FFN as usual).
@@ -69,7 +70,7 @@ class SelfAttentionNet(nn.Module):
 
     def __init__(
         self,
-        encodings: Sequence[PositionalEncoding],
+        encodings: Sequence[PositionalEncoding | MultiHeadSelfAttention],
         *,
         image_size: int,
         in_channels: int = 3,
@@ -87,8 +88,14 @@ class SelfAttentionNet(nn.Module):
         self.downsample = downsample
         self.grid = (image_size // downsample, image_size // downsample)
         self.embedding = nn.Linear(downsample * downsample * in_channels, hidden)
+        attentions = [
+            enc
+            if isinstance(enc, MultiHeadSelfAttention)
+            else MultiHeadSelfAttention(enc, hidden, attention_dropout=attention_dropout)
+            for enc in encodings
+        ]
         self.layers = nn.ModuleList(
-            TransformerLayer(enc, hidden, ffn, dropout, attention_dropout, layer_norm_eps) for enc in encodings
+            TransformerLayer(attention, hidden, ffn, dropout, layer_norm_eps) for attention in attentions
         )
         self.classifier = nn.Linear(hidden, num_classes)
 

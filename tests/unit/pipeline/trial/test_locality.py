@@ -171,3 +171,14 @@ def test_every_epoch_reports_locality_and_keeps_every_heads_history_across_a_res
     for report, snapshot in zip(reports, history[1:], strict=True):
         per_head = snapshot["layers"][1]["mean_distance"]
         assert report[locality_key(2, "mean_distance")] == pytest.approx(sum(per_head) / 3)
+
+
+def test_gpsa_reports_its_gate_and_centre_distance_per_head() -> None:
+    """An attention kind's declared per-head reports (``head_report``) join the history and the epoch's report."""
+    model = build_model(ModelConfig(encoding="gpsa", hidden=8, layers=2, heads=4, ffn=8), image_size=8)
+    per_layer = measure_locality(model, torch.randn(3, 3, 8, 8))
+    assert per_layer[0]["gate"] == pytest.approx([1 / (1 + math.exp(-1.0))] * 4)  # ConViT's init, lambda = 1
+    assert per_layer[0]["centre_distance"][:4] == pytest.approx([math.sqrt(0.5)] * 4)  # the 2x2 grid of +-0.5
+    summary = layer_summary(per_layer)
+    assert summary[locality_key(2, "head3/gate")] == per_layer[1]["gate"][2]
+    assert locality_key(1, "mean_distance") in summary and locality_key(1, "head1/mean_distance") not in summary
