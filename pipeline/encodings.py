@@ -3,8 +3,9 @@
 An entry declares what every other part reads instead of naming the kind:
 
 - ``target``: the one class that implements it, as ``module:Class``. A ``PositionalEncoding`` (scores from positions,
-  given to the plain attention layer) or, with ``attention=True``, a whole attention layer built from the same
-  arguments (ConViT's gated heads, which mix content and position their own way).
+  given to the plain attention layer) or, with ``attention=True``, a whole attention layer (a
+  ``MultiHeadSelfAttention`` subclass whose classmethod ``build_encoding`` makes the encoding it starts from: ConViT's
+  gated heads, which mix content and position their own way). ``pipeline.models.kinds`` builds either.
 - ``fields``: its ``model.<field>`` config fields, with type, bounds and default. ``pipeline.config.ModelConfig``
   gains exactly these (two kinds may share a field if they declare it identically), a run logs only the fields of
   its own kind, and the model is built with them as keyword arguments.

@@ -23,7 +23,7 @@ from torch import nn
 
 from pipeline.config import ModelConfig
 from pipeline.encodings import spec_for
-from pipeline.models.kinds import build_attention
+from pipeline.models.kinds import attention_class, layer_encoding
 from pipeline.models.local_attention import localise_attention
 from pipeline.models.sa_net import SelfAttentionNet
 
@@ -56,20 +56,11 @@ def build_model(
         raise ValueError(f"heads_per_layer must hold integers >= 0 (0: a layer without heads), got {heads}")
     grid = image_size // cfg.downsample
     fields = {key: getattr(cfg, key) for key in spec_for(cfg.encoding).fields}  # those its registry entry declares
-    attentions = [
-        build_attention(
-            cfg.encoding,
-            h,
-            in_dim=cfg.hidden,
-            max_grid=grid,
-            attention_dropout=cfg.attention_dropout,
-            content=cfg.content,
-            **fields,
-        )
-        for h in heads
-    ]
+    # Every layer's encoding first, then the network (the paper's order of random draws, kept for every encoding).
+    encodings = [layer_encoding(cfg.encoding, h, max_grid=grid, **fields) for h in heads]
     model = SelfAttentionNet(
-        attentions,
+        encodings,
+        attention=attention_class(cfg.encoding, content=cfg.content),
         image_size=image_size,
         in_channels=in_channels,
         num_classes=num_classes,

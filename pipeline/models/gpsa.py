@@ -47,29 +47,36 @@ def local_init_centres(num_heads: int) -> Tensor:
 
 
 class GatedPositionalSelfAttention(MultiHeadSelfAttention):
-    """ConViT's GPSA layer: quadratic positional heads started as a convolution, gated against content attention."""
+    """ConViT's GPSA layer: quadratic positional heads started as a convolution, gated against content attention.
+
+    Built as every attention layer here, on the encoding ``build_encoding`` makes (``pipeline.models.kinds``).
+    """
 
     def __init__(
         self,
-        num_heads: int,
-        *,
+        encoding: QuadraticEncoding,
         in_dim: int,
-        max_grid: int,
+        out_dim: int | None = None,
         attention_dropout: float = 0.0,
-        locality_strength: float = 1.0,
-        centre_init_std: float = 2.0,
         bias: bool = True,
     ) -> None:
+        super().__init__(encoding, in_dim, out_dim, attention_dropout=attention_dropout, bias=bias)
+        self.content = ContentScores(encoding.num_heads, in_dim)
+        self.gating_param = nn.Parameter(torch.ones(encoding.num_heads))  # lambda_h (ConViT's name and init)
+
+    @classmethod
+    def build_encoding(
+        cls, num_heads: int, *, max_grid: int, locality_strength: float = 1.0, centre_init_std: float = 2.0
+    ) -> QuadraticEncoding:
+        """The positional part at ConViT's ``local_init``: the first ``k^2`` heads on the grid of shifts, every spread
+        ``sqrt(2 alpha)`` (``-s^2/2 ||.||^2 = -alpha ||.||^2``); heads beyond the grid keep random centres."""
         del max_grid  # the quadratic encoding works on any grid
         encoding = QuadraticEncoding(num_heads, centre_init_std=centre_init_std, spread_init_std=0.0)
-        super().__init__(encoding, in_dim, attention_dropout=attention_dropout, bias=bias)
-        self.locality_strength = locality_strength
         with torch.no_grad():
             grid = local_init_centres(num_heads)
             encoding.centres[: len(grid)] = grid
-            encoding.spreads.fill_(math.sqrt(2.0 * locality_strength))  # -s^2/2 ||.||^2 = -alpha ||.||^2
-        self.content = ContentScores(num_heads, in_dim)
-        self.gating_param = nn.Parameter(torch.ones(num_heads))  # lambda_h (ConViT's name and init)
+            encoding.spreads.fill_(math.sqrt(2.0 * locality_strength))
+        return encoding
 
     def gate(self) -> Tensor:
         """``sigma(lambda_h)``, (H,): each head's weight on its positional attention."""

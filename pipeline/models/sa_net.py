@@ -38,14 +38,16 @@ class TransformerLayer(nn.Module):
 
     def __init__(
         self,
-        attention: MultiHeadSelfAttention,
+        encoding: PositionalEncoding,
         hidden: int,
         ffn: int,
         dropout: float,
+        attention_dropout: float,
         layer_norm_eps: float,
+        attention: type[MultiHeadSelfAttention] = MultiHeadSelfAttention,
     ) -> None:
         super().__init__()
-        self.attention = attention
+        self.attention = attention(encoding, hidden, attention_dropout=attention_dropout)
         self.attention_dense = nn.Linear(hidden, hidden)  # BertSelfOutput.dense, after the heads' Linear
         self.attention_norm = nn.LayerNorm(hidden, eps=layer_norm_eps)
         self.ffn_in = nn.Linear(hidden, ffn)
@@ -60,9 +62,9 @@ class TransformerLayer(nn.Module):
 
 
 class SelfAttentionNet(nn.Module):
-    """Fully-attentional classifier. ``encodings`` gives each layer's attention: a positional encoding (the paper's
-    attention layer is built on it, with ``attention_dropout``) or an attention layer built already
-    (``pipeline.models.kinds``: content scores, ConViT's gated heads), on ``hidden`` features.
+    """Fully-attentional classifier. ``encodings`` gives one positional encoding per layer (its head count);
+    ``attention`` is the layer built on each (the paper's, or one of ``pipeline.models.kinds``: content scores added,
+    ConViT's gated heads), constructed as ``attention(encoding, hidden, attention_dropout=...)``.
 
     Layers may have different head counts, which is what a pruned model is, down to none (the layer's attention
     branch is then its value bias, then Dense, residual and LayerNorm, then the FFN as usual).
@@ -70,7 +72,7 @@ class SelfAttentionNet(nn.Module):
 
     def __init__(
         self,
-        encodings: Sequence[PositionalEncoding | MultiHeadSelfAttention],
+        encodings: Sequence[PositionalEncoding],
         *,
         image_size: int,
         in_channels: int = 3,
@@ -81,6 +83,7 @@ class SelfAttentionNet(nn.Module):
         attention_dropout: float = 0.1,
         layer_norm_eps: float = 1e-12,
         downsample: int = 2,
+        attention: type[MultiHeadSelfAttention] = MultiHeadSelfAttention,
     ) -> None:
         super().__init__()
         if image_size % downsample:
@@ -88,14 +91,9 @@ class SelfAttentionNet(nn.Module):
         self.downsample = downsample
         self.grid = (image_size // downsample, image_size // downsample)
         self.embedding = nn.Linear(downsample * downsample * in_channels, hidden)
-        attentions = [
-            enc
-            if isinstance(enc, MultiHeadSelfAttention)
-            else MultiHeadSelfAttention(enc, hidden, attention_dropout=attention_dropout)
-            for enc in encodings
-        ]
         self.layers = nn.ModuleList(
-            TransformerLayer(attention, hidden, ffn, dropout, layer_norm_eps) for attention in attentions
+            TransformerLayer(enc, hidden, ffn, dropout, attention_dropout, layer_norm_eps, attention)
+            for enc in encodings
         )
         self.classifier = nn.Linear(hidden, num_classes)
 

@@ -10,6 +10,7 @@ import torch
 
 from pipeline.models.attention import MultiHeadSelfAttention
 from pipeline.models.gpsa import GatedPositionalSelfAttention, local_init_centres
+from pipeline.models.kinds import build_attention
 from pipeline.models.positional import QuadraticEncoding, relative_offsets
 
 GRID = (5, 5)
@@ -17,7 +18,9 @@ GRID = (5, 5)
 
 def _gpsa(heads: int = 9, dim: int = 6, **kwargs: float) -> GatedPositionalSelfAttention:
     torch.manual_seed(0)
-    return GatedPositionalSelfAttention(heads, in_dim=dim, max_grid=5, **kwargs).double().eval()
+    layer = build_attention("gpsa", heads, in_dim=dim, max_grid=5, **kwargs).double().eval()
+    assert isinstance(layer, GatedPositionalSelfAttention)
+    return layer
 
 
 def _quadratic_twin(gpsa: GatedPositionalSelfAttention) -> MultiHeadSelfAttention:
@@ -66,7 +69,7 @@ def test_local_init_is_convits(alpha: float) -> None:
     weight = torch.zeros(9, 3, dtype=torch.float64)
     for h1 in range(k):
         for h2 in range(k):
-            weight[h1 + k * h2] = torch.tensor([2.0 * (h2 - c), 2.0 * (h1 - c), -1.0]) * alpha
+            weight[h1 + k * h2] = torch.tensor([2.0 * (h2 - c), 2.0 * (h1 - c), -1.0], dtype=torch.float64) * alpha
     convit = (rel @ weight.T).permute(2, 0, 1).softmax(-1)  # (H, N, N)
     assert (gpsa.attention_probs(GRID) - convit).abs().max() <= 1e-12
 
