@@ -17,6 +17,8 @@ import torch
 from pipeline.config import ModelConfig
 from pipeline.encodings import ENCODINGS, encoding_fields
 from pipeline.models import build_model
+from pipeline.models.content import ContentPositionSelfAttention
+from pipeline.models.kinds import attention_class
 from pipeline.trial.locality import attention_layers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +74,17 @@ def test_layers_report_exactly_what_the_entry_declares(name: str) -> None:
         assert all(value.shape == (4,) for value in layer.head_report().values())
     probs = attention_layers(model)[0].probs_for(torch.randn(3, 16, 8), (4, 4))
     assert probs.dim() == (4 if spec.reads_content else 3)
+
+
+def test_content_is_refused_where_the_kind_computes_its_own() -> None:
+    for name, spec in ENCODINGS.items():
+        if spec.reads_content:
+            with pytest.raises(ValueError, match="content: .* computes content scores of its own"):
+                attention_class(name, content=True)
+        else:
+            assert attention_class(name, content=True) is ContentPositionSelfAttention
+
+
+def test_an_unknown_name_lists_the_registry() -> None:
+    with pytest.raises(ValueError, match=r"unknown encoding 'cubic'; valid: \[.*'gpsa'"):
+        attention_class("cubic")
