@@ -31,6 +31,10 @@ from pipeline.models.positional import PositionalEncoding, head_linear
 class MultiHeadSelfAttention(nn.Module):
     """Position-only multi-head self-attention; ``encoding`` decides how positions become scores."""
 
+    # Whether ``probs_for`` reads the input (content scores): then a Gaussian head's own numbers describe only its
+    # positional part, and what the head attends to is measured on real inputs (the analysis reads this).
+    reads_content = False
+
     def __init__(
         self,
         encoding: PositionalEncoding,

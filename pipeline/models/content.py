@@ -51,6 +51,8 @@ class ContentScores(nn.Module):
 class ContentPositionSelfAttention(MultiHeadSelfAttention):
     """The attention layer with content scores added to the encoding's positional scores (``model.content: true``)."""
 
+    reads_content = True
+
     def __init__(
         self,
         encoding: PositionalEncoding,

@@ -52,6 +52,8 @@ class GatedPositionalSelfAttention(MultiHeadSelfAttention):
     Built as every attention layer here, on the encoding ``build_encoding`` makes (``pipeline.models.kinds``).
     """
 
+    reads_content = True
+
     def __init__(
         self,
         encoding: QuadraticEncoding,

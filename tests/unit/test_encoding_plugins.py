@@ -71,6 +71,7 @@ def test_layers_report_exactly_what_the_entry_declares(name: str) -> None:
     for layer in attention_layers(model):
         assert tuple(layer.head_report()) == spec.head_reports
         assert (layer.head_geometry() is not None) == spec.gaussian
+        assert layer.reads_content == spec.reads_content
         assert all(value.shape == (4,) for value in layer.head_report().values())
     probs = attention_layers(model)[0].probs_for(torch.randn(3, 16, 8), (4, 4))
     assert probs.dim() == (4 if spec.reads_content else 3)
@@ -83,6 +84,7 @@ def test_content_is_refused_where_the_kind_computes_its_own() -> None:
                 attention_class(name, content=True)
         else:
             assert attention_class(name, content=True) is ContentPositionSelfAttention
+            assert ContentPositionSelfAttention.reads_content
 
 
 def test_an_unknown_name_lists_the_registry() -> None:
