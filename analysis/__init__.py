@@ -14,6 +14,7 @@
 - ``figures``            the paper's figures and those beyond it
 - ``palette``            one colour per variant name, everywhere
 - ``transform_report``   the section on the trained ResNet18 rebuilt as attention
+- ``beyond_paper``       the section on attention that reads the content (ConViT's GPSA) beside the quadratic model
 - ``cka``                linear CKA (Kornblith et al. 2019); ``cka_report``: its matrices, heat-maps and section
 - ``report``             ``results/report.md``: the setting, the tables, every figure with a sentence
 - ``plots_template``     the page template of ``dvc plots show`` with Vega inlined, so the plots draw offline

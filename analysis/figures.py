@@ -1,5 +1,5 @@
 """The paper's figures (2, 3/7/10, 4/8, 6, Theorem 1) and those beyond it (locality during training,
-convolution-likeness), as matplotlib Figures for any variant of a study.
+convolution-likeness, ConViT's gates), as matplotlib Figures for any variant of a study.
 
 Built on ``matplotlib.figure.Figure`` directly (never pyplot's global figures); seaborn draws onto its axes (lines
 with a min-max band over seeds, annotated heat maps). Shifts are drawn as on the image: column shift to the right,
@@ -353,6 +353,20 @@ def locality_curves(
         handles.append(Line2D([], [], color="0.35", linestyle=":", label=threshold[1]))
     fig.legend(handles=handles, loc="outside right upper", frameon=False, fontsize=9)
     fig.suptitle(f"Locality during training: {label}, each layer's mean over its heads")
+    return fig
+
+
+def gate_heatmap(gates: pd.DataFrame, title: str | None = None) -> Figure:
+    """Beyond the paper: ConViT's gate ``sigma(lambda)`` per head (columns, from 1) and layer (rows, from 1), annotated,
+    on a fixed 0..1 scale (1: the head attends by position only). ``gates``: layer, head, gate."""
+    table = gates.pivot(index="layer", columns="head", values="gate")
+    fig = Figure(figsize=(0.55 * table.shape[1] + 2.2, 0.45 * table.shape[0] + 1.4), layout="constrained")
+    ax = fig.subplots()
+    sns.heatmap(table, vmin=0.0, vmax=1.0, cmap="viridis", annot=True, fmt=".2f", annot_kws={"fontsize": 7}, ax=ax)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    if title:
+        ax.set_title(title, fontsize=10)
     return fig
 
 

@@ -138,7 +138,8 @@ def heads_frame(
     they depend on the grid; distance_to_integer_shift, degenerate (uniform: the paper's bound), gaussian_distance,
     gaussian_entropy, gaussian_peak (the head's own Gaussian on an unbounded grid, ``analysis.gaussian_locality``:
     the same on any grid; NaN for a degenerate head and the learned encoding), conv_like (``CONV_LIKE_RULE`` on the
-    Gaussian numbers; for the learned encoding, which has no Gaussian, on the truncated ones).
+    Gaussian numbers; for the learned encoding, which has no Gaussian, and for heads that also read the content
+    (GPSA, ``model.content``), whose Gaussian is only their positional part, on the truncated ones).
     ``locality``: the trial's last measurement (a locality-history snapshot's ``layers``), measured on each layer's
     real input; without it, the probabilities of position-only attention (the same numbers for this model).
     """
@@ -165,10 +166,10 @@ def heads_frame(
             to_integer = np.full(num_heads, np.nan)
             local = {"degenerate": np.zeros(num_heads, dtype=bool)}
             local |= {name: np.full(num_heads, np.nan) for name in ("distance", "entropy", "peak")}
-        if num_heads:
+        if num_heads:  # a head that also reads the content is more than its Gaussian: judged as measured
             likeness = (
                 conv_like(local["distance"], local["peak"])
-                if geometry is not None
+                if geometry is not None and not attention.reads_content
                 else conv_like(measured["mean_distance"], measured["peak_probability"])
             )
         for head in range(num_heads):

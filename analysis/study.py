@@ -24,6 +24,7 @@ import torch
 from matplotlib.figure import Figure
 
 from analysis import figures
+from analysis.beyond_paper import write_beyond_paper
 from analysis.cka_report import write_cka
 from analysis.gaussian_locality import CONV_LIKE_MAX_DISTANCE, CONV_LIKE_RULE
 from analysis.geometry import HEADS_COLUMNS, heads_frame
@@ -56,6 +57,7 @@ from analysis.table import (
 )
 from analysis.transform_report import write_transform
 from analysis.variants import Variant, describe_variants
+from pipeline.encodings import PAPER_VARIANT_FIELDS, encoding_fields
 from pipeline.io import write_text_atomic
 from pipeline.measure.reference import PAPER_FIGURES, PAPER_PRUNED_HEADS
 from pipeline.models.conv_to_attention import theorem_error_vs_alpha
@@ -72,8 +74,8 @@ PAPER_FIGURE_NUMBERS = {
     "sa_learned_9": "Fig. 6",
 }
 PLOT_KEYS = ["variant", "model", "colour", "seed", "epoch"]  # the first columns of every plot-data CSV
-GAUSSIAN_ENCODINGS = ("quadratic", "generalized_quadratic")  # heads with a centre: Fig. 2 and the finding's numbers
 BASELINE = "resnet18"  # the accuracy gap's reference; else the first variant with arch resnet18
+FIG2_VARIANT = "sa_quadratic_9"  # the model of the paper's Fig. 2
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,10 @@ def setting_of(data: Mapping[str, Any], study: LoadedStudy) -> dict[str, Any]:
         "hidden": _shared([p.get("model.hidden") for p in attention]),
         "layers": _shared([p.get("model.layers") for p in attention]),
         "ffn": _shared([p.get("model.ffn") for p in attention]),
-        "learned dim": _shared([p.get("model.learned_dim") for p in attention if p.get("model.encoding") == "learned"]),
+        **{
+            field.replace("_", " "): _shared([p.get(f"model.{field}") for p in attention if f"model.{field}" in p])
+            for field in encoding_fields()
+        },
         "ResNet width": _shared([p.get("model.resnet_width") for p in tune if p.get("model.arch") == "resnet18"]),
         "device": _shared([r.tags.get("device") for r in study.runs if r.source == "tune"]),
         "seeds": ", ".join(map(str, seeds)) or "none",
@@ -444,9 +449,11 @@ class _Figures:
 
 
 def fig2_variant(variants: list[Variant]) -> str | None:
-    """The variant whose head centres are the paper's Fig. 2: SA quadratic 9 heads, else the first quadratic one."""
-    quadratic = [v.name for v in variants if v.is_attention and v.config.get("encoding") == "quadratic"]
-    return "sa_quadratic_9" if "sa_quadratic_9" in quadratic else next(iter(quadratic), None)
+    """The variant whose head centres are the paper's Fig. 2: SA quadratic 9 heads, else the first variant with its
+    encoding (``PAPER_VARIANT_FIELDS``) and position-only heads."""
+    encoding = PAPER_VARIANT_FIELDS[FIG2_VARIANT]["encoding"]
+    same = [v.name for v in variants if v.is_its_gaussian and v.config.get("encoding") == encoding]
+    return FIG2_VARIANT if FIG2_VARIANT in same else next(iter(same), None)
 
 
 def _trajectories(
@@ -638,7 +645,7 @@ def _likeness(fx: _Figures, variant: str) -> tuple[Figure, str] | str:
     if isinstance(run, str):
         return run
     heads = heads_table_of(run)
-    gaussian = fx.variants[variant].config.get("encoding") in GAUSSIAN_ENCODINGS
+    gaussian = fx.variants[variant].is_its_gaussian
     if gaussian:  # the head's own peak (grid-independent; NaN, blank, for a uniform head)
         heads = heads.assign(peak_probability=heads["gaussian_peak"])
     title = f"Convolution-likeness of {fx.label(variant)}, seed {run.seed} (1 = attends to one shift)"
@@ -773,7 +780,7 @@ def write_outputs(
     finding_figures: list[FigureEntry] = []
     paper_fig2 = fig2_variant(variants)
     for variant in (v for v in variants if v.is_attention and v.pruned_from is None):
-        if variant.config.get("encoding") not in GAUSSIAN_ENCODINGS:
+        if not variant.has_centres:
             continue
         is_fig2 = variant.name == paper_fig2
         fx.add(
@@ -785,7 +792,7 @@ def write_outputs(
     if paper_fig2 is None:
         outputs.skipped.append("Fig. 2: head centres during training: no quadratic-encoding variant was run")
     for variant in (v for v in variants if v.is_attention):
-        build = _contours if variant.config.get("encoding") in GAUSSIAN_ENCODINGS else None
+        build = _contours if variant.has_centres else None
         figure = PAPER_FIGURE_NUMBERS.get(variant.name)
         prefix = f"{figure}: " if figure else ""
         if build is not None:
@@ -817,12 +824,14 @@ def write_outputs(
         Section(finding.title, finding.body, finding_figures),
         _conv_like_section(conv_like),
     ]
-    # Beyond the paper, each in its own module: Theorem 1 on the trained ResNet18, and CKA against ResNet18.
+    # Beyond the paper, each in its own module: Theorem 1 on the trained ResNet18, CKA against ResNet18, and the
+    # attention kinds that read the content (ConViT's GPSA) beside the paper's quadratic model.
     transformed, transform_tables = write_transform(study, layout.tables, fx.add)
     labels = {v.name: v.label for v in variants}
     cka, cka_tables = write_cka(study, images, layout.tables, fx.add, labels)
-    sections += [*([transformed] if transformed else []), cka]
-    outputs.files["tables"] += [*transform_tables, *cka_tables]
+    beyond, beyond_tables = write_beyond_paper(study, variants, paper_fig2, locality, layout.tables, fx.add)
+    sections += [*([transformed] if transformed else []), cka, *([beyond] if beyond else [])]
+    outputs.files["tables"] += [*transform_tables, *cka_tables, *beyond_tables]
     quoted = quoted_table().to_markdown(index=False, disable_numparse=True)
     report = render_report(
         setting, table_md, outputs.figures, outputs.skipped, notes, sections, not_run, quoted,

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.palette import Style, variant_style
+from pipeline.encodings import ENCODINGS
 from pipeline.measure.reference import PAPER_FIGURES, PaperFigure
 
 PRUNED_SUFFIX = "_pruned"  # the prune stage's models: <source variant>_pruned
-ENCODING_LABELS = {"quadratic": "quadratic", "generalized_quadratic": "quadratic generalized", "learned": "learned"}
 NAMED_FIELDS = ("arch", "encoding", "heads")  # always part of a derived name, so never listed as a difference
 
 
@@ -42,6 +42,20 @@ class Variant:
     def is_attention(self) -> bool:
         return self.config.get("arch") == "sa"
 
+    @property
+    def has_centres(self) -> bool:
+        """Its heads have a centre and ``Sigma^-1`` (its encoding's registry entry says ``gaussian``)."""
+        encoding = self.config.get("encoding")
+        return self.is_attention and encoding in ENCODINGS and ENCODINGS[encoding].gaussian
+
+    @property
+    def is_its_gaussian(self) -> bool:
+        """Each head's attention *is* its Gaussian: centres, and no content scores beside them (the paper's
+        position-only heads), so the Gaussian's own numbers describe what the head attends to."""
+        encoding = self.config.get("encoding")
+        content = self.config.get("content") in (True, "True", "true") or ENCODINGS[encoding].reads_content
+        return self.has_centres and not content
+
 
 def _label(name: str, config: Mapping[str, Any], usual: Mapping[str, Any]) -> str:
     if name in PAPER_FIGURES:
@@ -54,7 +68,8 @@ def _label(name: str, config: Mapping[str, Any], usual: Mapping[str, Any]) -> st
     else:
         encoding = config.get("encoding", "?")
         heads = config.get("heads", "?")
-        parts = [f"SA {ENCODING_LABELS.get(encoding, encoding)}", f"{heads} head{'' if heads == 1 else 's'}"]
+        label = ENCODINGS[encoding].label if encoding in ENCODINGS else encoding  # its registry entry's label
+        parts = [f"SA {label}", f"{heads} head{'' if heads == 1 else 's'}"]
         fields = [f for f in config if f not in NAMED_FIELDS and f != "resnet_width"]
     parts += [f"{f.replace('_', ' ')} {config[f]}" for f in fields if f in usual and config[f] != usual[f]]
     return ", ".join(parts)

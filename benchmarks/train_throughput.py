@@ -40,6 +40,7 @@ from benchmarks.common import (
     synthetic_device_data,
 )
 from pipeline.config import PAPER_VARIANTS, ModelConfig, TrainConfig
+from pipeline.encodings import spec_for
 from pipeline.measure.speed import (
     count_training_flops,
     matmul_peak_flops,
@@ -53,7 +54,6 @@ from pipeline.trial.device import synchronize
 from pipeline.trial.loop import build_optimizer, build_scheduler, evaluate, train_one_epoch
 
 PATHS = ("plain", "optimised", "compiled", "truncated", "authors")
-GAUSSIAN = {"quadratic", "generalized_quadratic"}
 TRAIN_IMAGES, TEST_IMAGES, EPOCHS = 50_000, 10_000, 300
 
 
@@ -128,6 +128,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _position_only_gaussian(model_cfg: ModelConfig) -> bool:
+    """Heads whose probabilities are their Gaussians alone: what truncation and the authors' pattern compute."""
+    if model_cfg.arch != "sa" or model_cfg.content:
+        return False
+    spec = spec_for(model_cfg.encoding)
+    return spec.gaussian and not spec.reads_content
+
+
 def measure(
     name: str,
     path: str,
@@ -136,7 +144,7 @@ def measure(
     device: torch.device,
     peak: float,
 ) -> Row | None:
-    if path in ("truncated", "authors") and (model_cfg.arch != "sa" or model_cfg.encoding not in GAUSSIAN):
+    if path in ("truncated", "authors") and not _position_only_gaussian(model_cfg):
         return None
     if path == "truncated":
         model_cfg = model_cfg.model_copy(update={"attention_window_eps": args.eps})

@@ -36,6 +36,7 @@ from benchmarks.common import (
 )
 from pipeline.config import PAPER_VARIANTS, ModelConfig, Params, load_params
 from pipeline.data.prepared import PreparedData
+from pipeline.encodings import spec_for
 from pipeline.measure.counting import count_flops
 from pipeline.measure.speed import set_gaussian_heads
 from pipeline.models import build_model
@@ -48,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
     parser.add_argument(
         "--model",
         default="sa_quadratic_9",
-        choices=[n for n in PAPER_VARIANTS if "learned" not in n and n != "resnet18"],
+        choices=[n for n, v in PAPER_VARIANTS.items() if v.arch == "sa" and spec_for(v.fields["encoding"]).gaussian],
     )
     parser.add_argument(
         "--eps",

@@ -16,15 +16,32 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from pipeline.encodings import (
+    DEFAULT_ENCODING,
+    ENCODINGS,
+    PAPER_VARIANT_FIELDS,
+    encoding_fields,
+    gaussian_encodings,
+    spec_for,
+)
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]  # what every RNG here (torch, numpy, Ray's searcher) accepts
-# The positional encodings of ``pipeline.models.positional.ENCODINGS`` (a test keeps the two equal). Named here so
-# that config does not import the models, which import config.
-EncodingName = Literal["quadratic", "generalized_quadratic", "learned"]
-GAUSSIAN_ENCODINGS = ("quadratic", "generalized_quadratic")  # a Sigma^-1 per head: what pruning reads
+# The encodings and attention kinds of ``pipeline.encodings.ENCODINGS``, whose entries also declare their config
+# fields (added to ``ModelConfig`` below). The registry imports neither torch nor the models, which import config.
+EncodingName = Literal.__getitem__(tuple(ENCODINGS))
 
 
 class ConfigError(ValueError):
@@ -66,14 +83,17 @@ Epochs = Annotated[int, Field(gt=0, le=100_000)]
 BatchSize = Annotated[int, Field(gt=0, le=1_000_000)]
 
 
-class ModelConfig(_Section):
-    """Architecture of one model. The defaults are the paper's (Section 4.1, Appendix A.4)."""
+class _ModelFields(_Section):
+    """The fields every model has; ``ModelConfig`` adds those its encodings declare (``pipeline.encodings``)."""
 
     # t_resnet18: ResNet18 with its 3x3 convolutions as Theorem 1's attention (pipeline.models.transformed_resnet);
     # only the transform section builds it, from a trained resnet18 (a variant cannot train it from scratch).
     arch: Literal["sa", "resnet18", "t_resnet18"] = "sa"
-    # Positional encoding of the attention scores; see pipeline.models.positional.ENCODINGS.
-    encoding: EncodingName = "quadratic"
+    # Positional encoding (or attention kind) of the attention scores; see pipeline.encodings.ENCODINGS.
+    encoding: EncodingName = DEFAULT_ENCODING
+    # Beyond the paper: add query-key content scores to the positional ones (Ramachandran et al., Bello et al.), per
+    # head at the head's width (pipeline.models.content). The paper's scores read positions only (Sec. 4.3, point iii).
+    content: bool = False
     heads: SmallCount = 9
     hidden: Width = 400
     layers: SmallCount = 6
@@ -83,17 +103,49 @@ class ModelConfig(_Section):
     layer_norm_eps: Annotated[float, Field(gt=0.0)] = 1e-12
     # Side of the invertible (space-to-depth) downsampling applied to the image before the embedding.
     downsample: SmallCount = 2
-    # Gaussian encodings: centres ~ N(0, centre_init_std^2); spreads ~ 1 + N(0, spread_init_std^2) (authors' code).
-    centre_init_std: Annotated[float, Field(ge=0.0)] = 2.0
-    spread_init_std: Annotated[float, Field(ge=0.0)] = 0.01
-    # Learned relative encoding: width of each of the row and column shift embeddings (authors' code: 400 each).
-    learned_dim: Width = 400
     # ResNet18 baseline: channels of the first stage (64 = He et al.; smaller only for smoke runs).
     resnet_width: Width = 64
     # Beyond the paper: None = exact dense attention (the paper's). A value eps makes each head attend only within
     # the window of shifts holding >= 1 - eps of its probability mass for every query (pipeline.models.local_attention;
     # e.g. 1e-6). Not used by resnet18.
     attention_window_eps: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_needs_attention(cls, content: bool, info: ValidationInfo) -> bool:
+        if not content:
+            return content
+        if info.data.get("arch") != "sa":
+            raise ValueError(
+                f"true needs self-attention (arch: sa); {info.data.get('arch')} has no attention scores to add to"
+            )
+        encoding = info.data.get("encoding")
+        if encoding is not None and spec_for(encoding).reads_content:
+            raise ValueError(f"true adds content scores, which the {encoding!r} encoding already computes")
+        return content
+
+    @field_validator("attention_window_eps")
+    @classmethod
+    def _window_needs_position_only(cls, eps: float | None, info: ValidationInfo) -> float | None:
+        encoding = info.data.get("encoding")
+        reads_content = info.data.get("content") or (encoding is not None and spec_for(encoding).reads_content)
+        if eps is not None and reads_content:
+            raise ValueError(
+                "truncation needs position-only probabilities (one window for every image); "
+                "this model's scores read the content (model.content or its encoding)"
+            )
+        return eps
+
+
+# The model's config: the common fields above, then every field an encoding declares (``pipeline.encodings``), each
+# with its own default, so a new encoding's fields need no edit here.
+ModelConfig = create_model(
+    "ModelConfig",
+    __base__=_ModelFields,
+    __module__=__name__,
+    __doc__="Architecture of one model. The defaults are the paper's (Section 4.1, Appendix A.4).",
+    **encoding_fields(),
+)
 
 
 class TrainConfig(_Section):
@@ -413,13 +465,10 @@ FILE_SYSTEM_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "fi
 TRACKING_SCHEMES = {"http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks"}
 
 
-# The paper's models (Figure 5 / Figure 9). params.yaml may define more under ``variants``.
+# The paper's models (Figure 5 / Figure 9), declared beside the encodings they use. params.yaml may define more
+# under ``variants``.
 PAPER_VARIANTS: dict[str, VariantConfig] = {
-    "sa_quadratic_9": VariantConfig(arch="sa", encoding="quadratic", heads=9),
-    "sa_quadratic_16": VariantConfig(arch="sa", encoding="quadratic", heads=16),
-    "sa_generalized_9": VariantConfig(arch="sa", encoding="generalized_quadratic", heads=9),
-    "sa_learned_9": VariantConfig(arch="sa", encoding="learned", heads=9),
-    "resnet18": VariantConfig(arch="resnet18"),
+    name: VariantConfig.model_validate(fields) for name, fields in PAPER_VARIANT_FIELDS.items()
 }
 
 
@@ -491,14 +540,14 @@ class Params(_Section):
             if name not in self.sweep.variants or name not in self.variants:
                 raise ValueError(f"prune.variants: {name!r} is not a variant of the sweep ({self.sweep.variants})")
             model = self.model_for(name)
-            if model.arch != "sa" or model.encoding not in GAUSSIAN_ENCODINGS:
+            if model.arch != "sa" or not spec_for(model.encoding).gaussian:
                 what = (
                     "ResNet18 has no attention heads"
                     if model.arch != "sa"
                     else (f"its {model.encoding!r} encoding has no covariance to prune by")
                 )
                 raise ValueError(
-                    f"prune.variants: cannot prune {name!r}: {what}; prunable encodings: {sorted(GAUSSIAN_ENCODINGS)}"
+                    f"prune.variants: cannot prune {name!r}: {what}; prunable encodings: {gaussian_encodings()}"
                 )
         for name, source in self.transform.variants.items():
             where = f"transform.variants.{name}"
@@ -525,10 +574,11 @@ class Params(_Section):
         return self
 
     def prune_variants(self) -> list[str]:
-        """The sweep variants the prune stage prunes: ``prune.variants``, else the generalized-quadratic ones."""
+        """The sweep variants the prune stage prunes: ``prune.variants``, else those whose encoding's declaration says
+        the paper pruned it (``pruned_by_default``: the generalized quadratic one)."""
         if self.prune.variants is not None:
             return list(self.prune.variants)
-        return [v for v in self.attention_variants() if self.model_for(v).encoding == "generalized_quadratic"]
+        return [v for v in self.attention_variants() if spec_for(self.model_for(v).encoding).pruned_by_default]
 
     def attention_variants(self) -> list[str]:
         """The sweep's self-attention variants, in sweep order."""

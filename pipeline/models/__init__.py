@@ -1,8 +1,10 @@
 """Models of the paper: the self-attention classifier, its positional encodings, ResNet18, and Theorem 1.
 
-- ``positional``         the relative positional encodings that are the attention scores (quadratic, generalized,
-                         learned), by name
+- ``positional``         the paper's relative positional encodings that are the attention scores
 - ``attention``          multi-head self-attention with position-only scores (Eq. 9-11), heads at full width
+- ``content``            beyond the paper: content (query-key) scores added to any encoding's (``model.content``)
+- ``gpsa``               beyond the paper: ConViT's gated positional self-attention, started as a convolution
+- ``kinds``              the attention layer a registry entry (``pipeline.encodings``) names, with its fields
 - ``local_attention``    the locality-truncated fast path of the same attention
 - ``sa_net``             the fully-attentional classifier (2x2 invertible downsampling, 6 layers, pooling, linear)
 - ``resnet``             the ResNet18 baseline
@@ -20,8 +22,9 @@ from numbers import Integral
 from torch import nn
 
 from pipeline.config import ModelConfig
+from pipeline.encodings import spec_for
+from pipeline.models.kinds import attention_class, layer_encoding
 from pipeline.models.local_attention import localise_attention
-from pipeline.models.positional import build_encoding
 from pipeline.models.sa_net import SelfAttentionNet
 
 
@@ -52,19 +55,12 @@ def build_model(
     if any(isinstance(h, bool) or not isinstance(h, Integral) or h < 0 for h in heads):
         raise ValueError(f"heads_per_layer must hold integers >= 0 (0: a layer without heads), got {heads}")
     grid = image_size // cfg.downsample
-    encodings = [
-        build_encoding(
-            cfg.encoding,
-            h,
-            max_grid=grid,
-            centre_init_std=cfg.centre_init_std,
-            spread_init_std=cfg.spread_init_std,
-            learned_dim=cfg.learned_dim,
-        )
-        for h in heads
-    ]
+    fields = {key: getattr(cfg, key) for key in spec_for(cfg.encoding).fields}  # those its registry entry declares
+    # Every layer's encoding first, then the network (the paper's order of random draws, kept for every encoding).
+    encodings = [layer_encoding(cfg.encoding, h, max_grid=grid, **fields) for h in heads]
     model = SelfAttentionNet(
         encodings,
+        attention=attention_class(cfg.encoding, content=cfg.content),
         image_size=image_size,
         in_channels=in_channels,
         num_classes=num_classes,

@@ -31,6 +31,10 @@ from pipeline.models.positional import PositionalEncoding, head_linear
 class MultiHeadSelfAttention(nn.Module):
     """Position-only multi-head self-attention; ``encoding`` decides how positions become scores."""
 
+    # Whether ``probs_for`` reads the input (content scores): then a Gaussian head's own numbers describe only its
+    # positional part, and what the head attends to is measured on real inputs (the analysis reads this).
+    reads_content = False
+
     def __init__(
         self,
         encoding: PositionalEncoding,
@@ -112,6 +116,11 @@ class MultiHeadSelfAttention(nn.Module):
     def head_geometry(self) -> dict[str, Tensor] | None:
         """Centres (H, 2) and ``Sigma^-1`` (H, 2, 2) for Gaussian encodings; None otherwise."""
         return self.encoding.head_geometry()
+
+    def head_report(self) -> dict[str, Tensor]:
+        """Per-head (H,) quantities this kind reports each epoch beyond the locality every layer is measured by: the
+        names its registry entry lists under ``head_reports`` (``pipeline.encodings``); none for the paper's layer."""
+        return {}
 
     def prune_heads(self, keep: list[int]) -> None:
         """Physically remove the heads not in ``keep``: their encoding parameters and their value columns.

@@ -9,7 +9,9 @@ only, never on the content of the pixels (point (iii) of Sec. 4.3), so one (H, N
   ``Sigma^-1 = S S^T`` so Sigma stays positive semi-definite.
 - ``LearnedRelativeEncoding`` (Sec. 4.3): a head vector dotted with learned row-shift and column-shift embeddings.
 
-Adding an encoding means adding a class and one entry in ``ENCODINGS``; the attention layer does not change.
+Each class is registered, with the config fields it takes, in ``pipeline.encodings.ENCODINGS``; adding an encoding
+means adding a class (here or in a module of its own) and one entry there, and the attention layer does not change.
+An encoding is built as ``cls(num_heads, max_grid=..., **its declared fields)``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import warnings
 
 import torch
 from torch import Tensor, nn
+
+from pipeline.encodings import spec_for
 
 
 def relative_offsets(rows: int, cols: int, device: torch.device | None = None) -> Tensor:
@@ -75,7 +79,8 @@ def _keep_rows(param: nn.Parameter, keep: list[int]) -> nn.Parameter:
 class _GaussianEncoding(PositionalEncoding):
     """Shared by the two quadratic encodings: a learned centre Delta per head and a precision ``Sigma^-1``."""
 
-    def __init__(self, num_heads: int, centre_init_std: float) -> None:
+    def __init__(self, num_heads: int, centre_init_std: float, max_grid: int | None = None) -> None:
+        del max_grid  # a Gaussian's scores are defined on any grid
         super().__init__()
         self.num_heads = num_heads
         self.centres = nn.Parameter(torch.randn(num_heads, 2) * centre_init_std)  # Delta, (H, 2)
@@ -98,8 +103,10 @@ class _GaussianEncoding(PositionalEncoding):
 class QuadraticEncoding(_GaussianEncoding):
     """Isotropic Gaussian attention (Eq. 9): one centre and one spread ``s`` per head, ``Sigma^-1 = s^2 I``."""
 
-    def __init__(self, num_heads: int, centre_init_std: float = 2.0, spread_init_std: float = 0.01) -> None:
-        super().__init__(num_heads, centre_init_std)
+    def __init__(
+        self, num_heads: int, centre_init_std: float = 2.0, spread_init_std: float = 0.01, max_grid: int | None = None
+    ) -> None:
+        super().__init__(num_heads, centre_init_std, max_grid)
         self.spreads = nn.Parameter(1.0 + torch.randn(num_heads) * spread_init_std)  # s, (H,)
 
     def sigma_inv(self, dtype: torch.dtype | None = None) -> Tensor:
@@ -122,8 +129,10 @@ class QuadraticEncoding(_GaussianEncoding):
 class GeneralizedQuadraticEncoding(_GaussianEncoding):
     """Non-isotropic Gaussian attention (App. A.1): ``Sigma^-1 = S S^T`` with a learned 2x2 ``S`` per head."""
 
-    def __init__(self, num_heads: int, centre_init_std: float = 2.0, spread_init_std: float = 0.01) -> None:
-        super().__init__(num_heads, centre_init_std)
+    def __init__(
+        self, num_heads: int, centre_init_std: float = 2.0, spread_init_std: float = 0.01, max_grid: int | None = None
+    ) -> None:
+        super().__init__(num_heads, centre_init_std, max_grid)
         self.sqrt_sigma_inv = nn.Parameter(torch.eye(2) + torch.randn(num_heads, 2, 2) * spread_init_std)  # S
 
     def sigma_inv(self, dtype: torch.dtype | None = None) -> Tensor:
@@ -139,18 +148,18 @@ class GeneralizedQuadraticEncoding(_GaussianEncoding):
 class LearnedRelativeEncoding(PositionalEncoding):
     """Learned relative positions (Sec. 4.3): score = w_row(h) . E_row[dr] + w_col(h) . E_col[dc].
 
-    As in the authors' code, each half embeds shifts in ``-(G-1)..(G-1)`` with ``dim`` features (400 each), and a
-    bias-free ``Linear(dim, H)`` per half holds the heads' query-side vectors.
+    As in the authors' code, each half embeds shifts in ``-(G-1)..(G-1)`` with ``learned_dim`` features (400 each), and
+    a bias-free ``Linear(learned_dim, H)`` per half holds the heads' query-side vectors.
     """
 
-    def __init__(self, num_heads: int, max_grid: int, dim: int = 400) -> None:
+    def __init__(self, num_heads: int, max_grid: int, learned_dim: int = 400) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.max_grid = max_grid
-        self.row_embedding = nn.Embedding(2 * max_grid - 1, dim)
-        self.col_embedding = nn.Embedding(2 * max_grid - 1, dim)
-        self.row_heads = head_linear(dim, num_heads, bias=False)
-        self.col_heads = head_linear(dim, num_heads, bias=False)
+        self.row_embedding = nn.Embedding(2 * max_grid - 1, learned_dim)
+        self.col_embedding = nn.Embedding(2 * max_grid - 1, learned_dim)
+        self.row_heads = head_linear(learned_dim, num_heads, bias=False)
+        self.col_heads = head_linear(learned_dim, num_heads, bias=False)
 
     def scores(self, grid: tuple[int, int]) -> Tensor:
         if max(grid) > self.max_grid:
@@ -170,25 +179,10 @@ class LearnedRelativeEncoding(PositionalEncoding):
         self.num_heads = len(keep)
 
 
-ENCODINGS: dict[str, type[PositionalEncoding]] = {
-    "quadratic": QuadraticEncoding,
-    "generalized_quadratic": GeneralizedQuadraticEncoding,
-    "learned": LearnedRelativeEncoding,
-}
-
-
-def build_encoding(
-    name: str,
-    num_heads: int,
-    *,
-    max_grid: int,
-    centre_init_std: float = 2.0,
-    spread_init_std: float = 0.01,
-    learned_dim: int = 400,
-) -> PositionalEncoding:
-    """Construct the encoding called ``name`` (as written in params.yaml)."""
-    if name not in ENCODINGS:
-        raise ValueError(f"unknown encoding {name!r}; valid: {sorted(ENCODINGS)}")
-    if name == "learned":
-        return LearnedRelativeEncoding(num_heads, max_grid=max_grid, dim=learned_dim)
-    return ENCODINGS[name](num_heads, centre_init_std=centre_init_std, spread_init_std=spread_init_std)
+def build_encoding(name: str, num_heads: int, *, max_grid: int, **fields: object) -> PositionalEncoding:
+    """The positional encoding called ``name``. ``fields`` may hold any encoding's config fields (a model config's):
+    it takes those its registry entry declares, with their declared defaults for any not given."""
+    spec = spec_for(name)
+    if spec.attention:
+        raise ValueError(f"{name!r} is an attention kind, not a positional encoding")
+    return spec.load()(num_heads, max_grid=max_grid, **spec.own_fields(fields))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.models.positional import ENCODINGS
+from pipeline.encodings import ENCODINGS, gaussian_encodings
 
 MODES = ("threshold", "fraction")
 PAPER_MIN_EIGENVALUE = 1e-5  # App. A.1
@@ -76,7 +76,7 @@ class HeadDecision:
 
 def covariance_geometry(model: nn.Module) -> list[dict[str, Tensor]]:
     """``model.head_geometry()``, or a ``ValueError`` saying why ``model`` has no ``Sigma^-1`` to prune by."""
-    gaussian = sorted(name for name in ENCODINGS if name != "learned")
+    gaussian = gaussian_encodings()
     layers = getattr(model, "layers", None)
     if not hasattr(model, "head_geometry") or layers is None:
         raise ValueError(
@@ -94,7 +94,9 @@ def covariance_geometry(model: nn.Module) -> list[dict[str, Tensor]]:
 
 
 def _encoding_name(encoding: nn.Module) -> str:
-    return next((name for name, cls in ENCODINGS.items() if type(encoding) is cls), type(encoding).__name__)
+    """The registry name of ``encoding``'s class, as params.yaml writes it."""
+    target = f"{type(encoding).__module__}:{type(encoding).__name__}"
+    return next((name for name, spec in ENCODINGS.items() if spec.target == target), type(encoding).__name__)
 
 
 def head_decisions(

@@ -44,9 +44,10 @@ class TransformerLayer(nn.Module):
         dropout: float,
         attention_dropout: float,
         layer_norm_eps: float,
+        attention: type[MultiHeadSelfAttention] = MultiHeadSelfAttention,
     ) -> None:
         super().__init__()
-        self.attention = MultiHeadSelfAttention(encoding, hidden, attention_dropout=attention_dropout)
+        self.attention = attention(encoding, hidden, attention_dropout=attention_dropout)
         self.attention_dense = nn.Linear(hidden, hidden)  # BertSelfOutput.dense, after the heads' Linear
         self.attention_norm = nn.LayerNorm(hidden, eps=layer_norm_eps)
         self.ffn_in = nn.Linear(hidden, ffn)
@@ -61,7 +62,9 @@ class TransformerLayer(nn.Module):
 
 
 class SelfAttentionNet(nn.Module):
-    """Fully-attentional classifier. ``encodings`` gives one positional encoding per layer (its head count).
+    """Fully-attentional classifier. ``encodings`` gives one positional encoding per layer (its head count);
+    ``attention`` is the layer built on each (the paper's, or one of ``pipeline.models.kinds``: content scores added,
+    ConViT's gated heads), constructed as ``attention(encoding, hidden, attention_dropout=...)``.
 
     Layers may have different head counts, which is what a pruned model is, down to none (the layer's attention
     branch is then its value bias, then Dense, residual and LayerNorm, then the FFN as usual).
@@ -80,6 +83,7 @@ class SelfAttentionNet(nn.Module):
         attention_dropout: float = 0.1,
         layer_norm_eps: float = 1e-12,
         downsample: int = 2,
+        attention: type[MultiHeadSelfAttention] = MultiHeadSelfAttention,
     ) -> None:
         super().__init__()
         if image_size % downsample:
@@ -88,7 +92,8 @@ class SelfAttentionNet(nn.Module):
         self.grid = (image_size // downsample, image_size // downsample)
         self.embedding = nn.Linear(downsample * downsample * in_channels, hidden)
         self.layers = nn.ModuleList(
-            TransformerLayer(enc, hidden, ffn, dropout, attention_dropout, layer_norm_eps) for enc in encodings
+            TransformerLayer(enc, hidden, ffn, dropout, attention_dropout, layer_norm_eps, attention)
+            for enc in encodings
         )
         self.classifier = nn.Linear(hidden, num_classes)
 

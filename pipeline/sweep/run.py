@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline.config import Params, parse_params
 from pipeline.data.prepared import PreparedData, content_hash
+from pipeline.encodings import encoding_fields, spec_for
 from pipeline.sweep.grid import sweep_decisions
 from pipeline.sweep.identity import experiment_name, trial_key
 from pipeline.sweep.manifest import FINISHED, METRIC, MODE, STAGE, TrialRecord, TuneManifest, accuracy_summary
@@ -43,7 +44,6 @@ log = logging.getLogger(__name__)
 # The model fields each architecture is built from (``pipeline.models.build_model``): a run logs only these, so the
 # UI's Compare view never draws ResNet18 through "quadratic / 9 heads". The trial's identity still hashes them all.
 RESNET_FIELDS = ("arch", "resnet_width")
-ENCODING_ONLY = {"learned": ("learned_dim",), "gaussian": ("centre_init_std", "spread_init_std")}
 ATTENTION_ONLY_TRAIN = ("positional_lr_factor",)  # the positional encoding's own learning-rate factor
 
 
@@ -51,7 +51,8 @@ def applicable_model(model: dict[str, Any]) -> dict[str, Any]:
     """The fields of a model config (as dumped) that its architecture and encoding use."""
     if model["arch"] in ("resnet18", "t_resnet18"):  # t_resnet18: a ResNet18 rebuilt as attention (pipeline.transform)
         return {key: model[key] for key in RESNET_FIELDS}
-    unused = {"resnet_width", *ENCODING_ONLY["gaussian" if model["encoding"] == "learned" else "learned"]}
+    own = spec_for(model["encoding"]).fields  # the encoding's registry entry declares the fields it reads
+    unused = {"resnet_width", *(set(encoding_fields()) - set(own))}
     return {key: value for key, value in model.items() if key not in unused}
 
 

@@ -17,6 +17,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding pipelin
 TRIAL_CODE = (
     "pipeline/__init__.py",
     "pipeline/config.py",
+    "pipeline/encodings.py",
     "pipeline/data/__init__.py",
     "pipeline/data/prepared.py",
     "pipeline/models",

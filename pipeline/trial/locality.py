@@ -10,6 +10,10 @@ averaged over the queries (and over the images, when the probabilities depend on
   every nearby shift exists; all queries when the grid has no interior): 1 for Lemma 1's convolution-like head, which
   attends to one shift with probability 1.
 
+**What an attention kind reports.** Beside these three, a layer reports the per-head quantities its registry entry
+declares (``head_report``, ``pipeline.encodings``), e.g. ConViT's gate and centre distance: they join the layer's
+per-head history and the epoch's report per head, as ``locality/layer<l>/head<h>/<name>``.
+
 **Each layer's real input.** A forward pre-hook on every attention layer asks it for the probabilities of the input it
 actually receives, during one eval-mode forward pass over a fixed batch (the first ``LOCALITY_BATCH`` test images, the
 same at every epoch and after a resume). The paper's attention reads positions only, so any input gives the same
@@ -81,8 +85,8 @@ def measure_locality(model: nn.Module, images: Tensor) -> list[dict[str, list[fl
         if layer.num_heads == 0:
             measured[id(layer)] = {name: [] for name in LOCALITY_METRICS}
             return
-        values = head_locality(layer.probs_for(x, grid), grid)
-        measured[id(layer)] = {name: values[name].tolist() for name in LOCALITY_METRICS}
+        values = {**head_locality(layer.probs_for(x, grid), grid), **layer.head_report()}
+        measured[id(layer)] = {name: values[name].double().tolist() for name in values}
 
     hooks = [layer.register_forward_pre_hook(measure) for layer in layers]
     training = model.training
@@ -98,13 +102,22 @@ def measure_locality(model: nn.Module, images: Tensor) -> list[dict[str, list[fl
 
 def layer_summary(per_layer: list[dict[str, list[float]]]) -> dict[str, float]:
     """The per-epoch report's locality metrics: each layer's mean over its heads, as ``locality/layer<l>/<metric>``
-    (layers from 1, as everywhere a person reads them); a layer without heads has none."""
-    return {
+    (layers from 1, as everywhere a person reads them; a layer without heads has none), and each head's reported
+    quantities (``head_report``) as ``locality/layer<l>/head<h>/<name>`` (heads from 1)."""
+    means = {
         locality_key(index, name): sum(values[name]) / len(values[name])
         for index, values in enumerate(per_layer, start=1)
         for name in LOCALITY_METRICS
         if values[name]
     }
+    per_head = {
+        locality_key(index, f"head{head}/{name}"): value
+        for index, values in enumerate(per_layer, start=1)
+        for name in values
+        if name not in LOCALITY_METRICS
+        for head, value in enumerate(values[name], start=1)
+    }
+    return means | per_head
 
 
 __all__ = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,7 +41,11 @@ EPOCHS = 3
 IMAGE = (3, 8, 8)
 
 
-VARIANTS = {**PAPER_VARIANTS, "sa_learned_heads2": VariantConfig(arch="sa", encoding="learned", heads=2)}
+VARIANTS = {
+    **PAPER_VARIANTS,
+    "sa_learned_heads2": VariantConfig(arch="sa", encoding="learned", heads=2),
+    "sa_gpsa_9": VariantConfig(arch="sa", encoding="gpsa", heads=9),  # beyond the paper: ConViT's gated heads
+}
 
 
 def _config(variant: str) -> ModelConfig:
@@ -95,6 +100,7 @@ def build_study(tmp_path: Path, uri: str, experiment: str) -> dict:
         ("sa_generalized_9", 0, "finished"),
         ("sa_learned_9", 0, "finished"),
         ("sa_learned_heads2", 0, "finished"),
+        ("sa_gpsa_9", 0, "finished"),
         ("resnet18", 0, "error"),
     ]
     for variant, seed, status in plan:
@@ -250,6 +256,7 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "sa_generalized_9",
         "sa_learned_9",
         "sa_learned_heads2",
+        "sa_gpsa_9",
         "sa_generalized_9_pruned",
     }
     assert curves.groupby("variant")["colour"].nunique().eq(1).all()
@@ -297,10 +304,12 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "sa_generalized_9_pruned": "contours",
         "sa_learned_9": "attention",
         "sa_learned_heads2": "attention",
+        "sa_gpsa_9": "contours",  # its positional part's Gaussians
     }
     assert names == sorted(
         ["fig4_accuracy.png", "locality_distance.png", "fig2_trajectories.png", "theorem1_error_vs_alpha.png"]
-        + ["trajectories_sa_generalized_9.png"]  # every Gaussian encoding's head centres; Fig. 2 is the quadratic's
+        + ["trajectories_sa_generalized_9.png", "trajectories_sa_gpsa_9.png"]  # every kind with centres; Fig. 2 too
+        + ["beyond_nonlocality.png", "beyond_gates_sa_gpsa_9.png"]  # Beyond the paper: GPSA beside SA quadratic
         + [f"{kind}_{variant}.png" for variant, kind in per_variant.items()]
         + [f"conv_likeness_{variant}.png" for variant in per_variant]
     )
@@ -313,7 +322,7 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     # The finding's numbers, from the runs' own head histories: the builder scales every centre by 1.3 per epoch, so
     # after 3 epochs each head moved 1.3**3 - 1 times its initial distance from the query.
     motion = pd.read_csv(tmp_path / "results/tables/head_motion.csv")
-    assert set(motion["variant"]) == {"sa_quadratic_9", "sa_generalized_9"}  # Gaussian, trained from init
+    assert set(motion["variant"]) == {"sa_quadratic_9", "sa_generalized_9", "sa_gpsa_9"}  # centres, from init
     assert sorted(motion["epoch"].unique()) == list(range(EPOCHS + 1)) and sorted(motion["layer"].unique()) == [1, 2]
     end = motion[motion["epoch"] == EPOCHS].set_index(["variant", "seed", "layer"])
     init = motion[motion["epoch"] == 0].set_index(["variant", "seed", "layer"])
@@ -340,6 +349,13 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "The prune stage cut 3 heads" in report and "Fig. 7: head contours of SA quadratic generalized" in report
     assert "## Convolution-like heads per layer" in report and "| SA learned, 2 heads" in report
     assert "Quoted from the literature" in report and "ConvMixer-256/8, kernel 5, patch 2 (quoted)" in report
+    beyond = report.split("## Beyond the paper")[1].split("\n## ")[0]
+    assert "**SA GPSA, 9 heads** (sa_gpsa_9): final test accuracy 60.0%" in beyond  # _acc(0, 3)
+    assert "**SA quadratic** (sa_quadratic_9)" in beyond  # the position-only reference beside it
+    assert "mean per layer 1..2: 0.73, 0.73 (init 0.73" in beyond  # the builder trains no gate
+    assert "](figures/beyond_gates_sa_gpsa_9.png)" in beyond and "](figures/beyond_nonlocality.png)" in beyond
+    gates = pd.read_csv(tmp_path / "results/tables/beyond_paper_gates.csv")
+    assert len(gates) == 18 and gates["gate"].to_numpy() == pytest.approx(1 / (1 + math.exp(-1.0)))
     assert "resnet18 seed 0: trial error" in caplog.text
 
     experiment_id = json.loads((tmp_path / "results/tune/manifest.json").read_text())["experiment_id"]

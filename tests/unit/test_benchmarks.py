@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import finding, gpu_sharing, train_speed, train_throughput, truncation
+from benchmarks import finding, gpsa_cost, gpu_sharing, train_speed, train_throughput, truncation
 from benchmarks.gpu_sharing import WorkerResult, aggregate_images_per_s
 
 PARAMS = str(Path(__file__).resolve().parents[2] / "params.yaml")
@@ -33,6 +33,7 @@ BENCHMARKS = (
     "gpu_evidence",
     "sweep_at_scale",
     "mlflow_ui_load",
+    "gpsa_cost",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -50,6 +51,7 @@ FIRST_WORK = {
     "gpu_evidence": "Evidence",
     "sweep_at_scale": "prepare_dataset",
     "mlflow_ui_load": "populate",
+    "gpsa_cost": "timed_epochs",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -68,6 +70,13 @@ def _table(text: str, header_start: str) -> list[list[str]]:
 
 def _number(cell: str) -> float:
     return float(cell.rstrip("%").replace(",", ""))
+
+
+def test_gpsa_cost_prints_both_variants_paired(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpsa_cost.main(["--params", PARAMS, "--pairs", "1", "--images", "16"]) == 0
+    rows = _table(capsys.readouterr().out, "variant")
+    assert [row[0] for row in rows] == ["sa_quadratic_9", "sa_gpsa_9"]
+    assert rows[0][-1] == "1.00" and all(float(row[1]) > 0 for row in rows)
 
 
 def test_train_throughput_prints_every_model_and_path(capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,6 +252,10 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("train_speed", ["--epochs", "0"], "--epochs"),
         ("train_speed", ["--params", PARAMS, "--history", "{file}"], "--history"),
         pytest.param("train_speed", ["--params", PARAMS, "--devices", "cuda"], "--devices cuda", marks=_no_cuda),
+        ("gpsa_cost", ["--params", PARAMS, "--variants", "sa_gpsa_9", "nonsense"], "--variants: unknown ['nonsense']"),
+        ("gpsa_cost", ["--params", PARAMS, "--variants", "sa_gpsa_9"], "--variants: name at least two"),
+        ("gpsa_cost", ["--pairs", "0"], "--pairs"),
+        ("gpsa_cost", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("train_throughput", ["--steps", "0"], "--steps"),
         ("train_throughput", ["--batch-size", "0"], "--batch-size"),
         ("train_throughput", ["--eval-batch-size", "-3"], "--eval-batch-size"),

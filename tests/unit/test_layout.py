@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pipeline.config import EncodingName
-from pipeline.models.positional import ENCODINGS
+from pipeline.encodings import ENCODINGS
 from pipeline.sweep import identity
 from pipeline.sweep.identity import TRIAL_CODE, code_hash
 from tests.project_copy import project_files
@@ -124,7 +124,7 @@ def test_code_hash_of_this_checkout_is_the_identity_used() -> None:
     assert identity.PROJECT_ROOT == ROOT and code_hash() == code_hash(ROOT)
 
 
-def test_encoding_names_in_config_are_the_models_encodings() -> None:
+def test_encoding_names_in_config_are_the_registry_entries() -> None:
     assert set(typing.get_args(EncodingName)) == set(ENCODINGS)
 
 

@@ -141,6 +141,13 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
         ({"train": {"lr": 1e308}}, "train.lr", "less than or equal to 1000"),
         ({"variants": {"big": {"arch": "sa", "hidden": 10**9}}}, "variants.big.hidden", "less than or equal to 65536"),
         ({"prune": {"epochs": 10**9}}, "prune.epochs", "less than or equal to 100000"),
+        # issue 39: plug-in encodings, content scores, GPSA
+        ({"model": {"encoding": "cubic"}}, "model.encoding", "'gpsa'"),  # the error lists the registry's names
+        ({"variants": {"r": {"arch": "resnet18", "content": True}}}, "variants.r.content", "needs self-attention"),
+        ({"model": {"encoding": "gpsa", "content": True}}, "model.content", "already computes"),
+        ({"model": {"content": True, "attention_window_eps": 1e-6}}, "model.attention_window_eps", "position-only"),
+        ({"model": {"encoding": "gpsa", "locality_strength": 0}}, "model.locality_strength", "greater than 0"),
+        ({"model": {"locality": 1.0}}, "model.locality", "unknown key"),
     ],
 )
 def test_bad_values_name_the_file_and_key(raw: dict, key: str, message: str) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipeline.encodings import positional_encodings
 from pipeline.models.attention import MultiHeadSelfAttention
 from pipeline.models.positional import (
-    ENCODINGS,
     GeneralizedQuadraticEncoding,
     LearnedRelativeEncoding,
     QuadraticEncoding,
@@ -20,7 +20,7 @@ GRID = (3, 4)
 
 def _encodings(heads: int = 4) -> list:
     torch.manual_seed(0)
-    return [build_encoding(name, heads, max_grid=4, learned_dim=6) for name in sorted(ENCODINGS)]
+    return [build_encoding(name, heads, max_grid=4, learned_dim=6) for name in positional_encodings()]
 
 
 def test_relative_offsets_are_key_minus_query() -> None:
@@ -57,7 +57,7 @@ def test_generalized_equals_quadratic_when_sigma_is_isotropic() -> None:
 
 
 def test_learned_scores_depend_on_shift_only() -> None:
-    enc = LearnedRelativeEncoding(2, max_grid=4, dim=6)
+    enc = LearnedRelativeEncoding(2, max_grid=4, learned_dim=6)
     scores = enc.scores(GRID)
     # queries (0,0)->key (1,1) and (1,2)->(2,3) share the shift (1, 1)
     torch.testing.assert_close(scores[:, 0 * 4 + 0, 1 * 4 + 1], scores[:, 1 * 4 + 2, 2 * 4 + 3])
@@ -72,7 +72,7 @@ def test_quadratic_initialisation_follows_the_authors_code() -> None:
     assert enc.spreads.mean().item() == pytest.approx(1.0, abs=1e-3)
 
 
-@pytest.mark.parametrize("enc", _encodings(), ids=sorted(ENCODINGS))
+@pytest.mark.parametrize("enc", _encodings(), ids=positional_encodings())
 def test_batched_attention_equals_per_image_loop(enc) -> None:
     layer = MultiHeadSelfAttention(enc, in_dim=5, out_dim=7).eval()
     x = torch.randn(3, 12, 5)
@@ -83,7 +83,7 @@ def test_batched_attention_equals_per_image_loop(enc) -> None:
         torch.testing.assert_close(out[b], layer.value(heads))
 
 
-@pytest.mark.parametrize("enc", _encodings(), ids=sorted(ENCODINGS))
+@pytest.mark.parametrize("enc", _encodings(), ids=positional_encodings())
 def test_pruning_a_head_equals_zeroing_its_value_columns(enc) -> None:
     layer = MultiHeadSelfAttention(enc, in_dim=5).eval()
     x = torch.randn(2, 12, 5)
@@ -106,7 +106,7 @@ def test_prune_rejects_bad_head_lists() -> None:
         layer.prune_heads([3])
 
 
-@pytest.mark.parametrize("name", sorted(ENCODINGS))
+@pytest.mark.parametrize("name", positional_encodings())
 def test_pruning_every_head_leaves_the_value_bias_as_zeroed_columns_would(name: str) -> None:
     """App. A.1 can empty a layer: with all value columns zero the branch is the bias, and so it stays."""
     torch.manual_seed(0)
@@ -125,7 +125,7 @@ def test_pruning_every_head_leaves_the_value_bias_as_zeroed_columns_would(name: 
 
 
 @pytest.mark.filterwarnings("error:Initializing zero-element tensors")
-@pytest.mark.parametrize("name", sorted(ENCODINGS))
+@pytest.mark.parametrize("name", positional_encodings())
 def test_a_layer_built_without_heads_trains_its_bias(name: str) -> None:
     layer = MultiHeadSelfAttention(build_encoding(name, 0, max_grid=4, learned_dim=6), in_dim=5, out_dim=7)
     assert layer.encoding.scores(GRID).shape == (0, 12, 12)
@@ -155,7 +155,7 @@ def test_large_spread_gives_one_hot_attention_on_the_centre() -> None:
     assert maps[0, 2, 0] > 0.9998  # the paper's oracle: peak 0.9998 at alpha = 10
 
 
-@pytest.mark.parametrize("name", sorted(ENCODINGS))
+@pytest.mark.parametrize("name", positional_encodings())
 def test_probabilities_are_float32_and_unchanged_under_bf16_autocast(name: str) -> None:
     """Autocast would run the generalized and learned scores' einsum/matmul in bf16; the probabilities (position
     only, shared by the batch) stay exact float32 whatever the training precision, for every encoding alike."""
@@ -179,7 +179,7 @@ def test_a_local_layer_without_heads_matches_the_dense_one() -> None:
     torch.testing.assert_close(local(x, GRID), dense.value.bias.expand(2, 12, 7))
 
 
-@pytest.mark.parametrize("name", sorted(ENCODINGS))
+@pytest.mark.parametrize("name", positional_encodings())
 def test_a_float64_model_keeps_float64_probabilities(name: str) -> None:
     encoding = build_encoding(name, 4, max_grid=5, learned_dim=8).double()
     layer = MultiHeadSelfAttention(encoding, 6).double()

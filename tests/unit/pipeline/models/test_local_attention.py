@@ -8,6 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.config import ConfigError, ModelConfig, parse_params
+from pipeline.encodings import positional_encodings
 from pipeline.models import build_model
 from pipeline.models.attention import MultiHeadSelfAttention
 from pipeline.models.local_attention import (
@@ -17,7 +18,7 @@ from pipeline.models.local_attention import (
     select_keys,
     window_flops,
 )
-from pipeline.models.positional import ENCODINGS, GeneralizedQuadraticEncoding, QuadraticEncoding, build_encoding
+from pipeline.models.positional import GeneralizedQuadraticEncoding, QuadraticEncoding, build_encoding
 
 GRID = (5, 6)
 N = GRID[0] * GRID[1]
@@ -60,7 +61,7 @@ def _heads_input(layer, x):
     return seen[0]
 
 
-@pytest.mark.parametrize("name", sorted(ENCODINGS))
+@pytest.mark.parametrize("name", positional_encodings())
 def test_eps_zero_equals_dense_with_dropout(name: str) -> None:
     torch.manual_seed(0)
     enc = build_encoding(name, 4, max_grid=6, learned_dim=5, spread_init_std=0.2)

@@ -11,6 +11,7 @@ import torch
 
 from pipeline.config import ModelConfig, TrainConfig
 from pipeline.data.prepared import PreparedData
+from pipeline.encodings import ENCODINGS
 from pipeline.models import build_model
 from pipeline.models.attention import MultiHeadSelfAttention
 from pipeline.models.positional import QuadraticEncoding, build_encoding
@@ -139,7 +140,7 @@ def _data(n_train: int = 32, n_test: int = 40) -> PreparedData:
     return PreparedData(images[:n_train], labels[:n_train], images[n_train:], labels[n_train:], ("a", "b", "c"), *stats)
 
 
-@pytest.mark.parametrize("encoding", ["quadratic", "learned"])
+@pytest.mark.parametrize("encoding", ["quadratic", "learned", "gpsa"])
 def test_every_epoch_reports_locality_and_keeps_every_heads_history_across_a_resume(
     encoding: str, tmp_path: Path
 ) -> None:
@@ -157,17 +158,34 @@ def test_every_epoch_reports_locality_and_keeps_every_heads_history_across_a_res
         run_trial(model_cfg, train_cfg, _data(), keep)
     run_trial(model_cfg, train_cfg, _data(), keep, resume_from=tmp_path / "epoch2")
     assert [r["epoch"] for r in reports] == [1, 2, 3]
+    per_head = {  # what the encoding's registry entry declares it reports, per head
+        locality_key(layer, f"head{head}/{name}")
+        for layer in (1, 2)
+        for head in (1, 2, 3)
+        for name in ENCODINGS[encoding].head_reports
+    }
     for report in reports:
         keys = {k for k in epoch_metrics(report) if k.startswith("locality/")}
-        assert keys == {locality_key(layer, metric) for layer in (1, 2) for metric in LOCALITY_METRICS}
+        assert keys == {locality_key(layer, metric) for layer in (1, 2) for metric in LOCALITY_METRICS} | per_head
     history = load_locality_history(tmp_path / "epoch3")
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]  # epoch 0: before training; the resume kept 0..2
     # epoch 0's per-layer means ride with epoch 1's report only (MLflow step 0), never again after the resume
     initial = initial_metrics(reports[0])
-    assert initial.keys() == {locality_key(layer, metric) for layer in (1, 2) for metric in LOCALITY_METRICS}
+    assert initial.keys() == {locality_key(layer, metric) for layer in (1, 2) for metric in LOCALITY_METRICS} | per_head
     assert initial[locality_key(1, "entropy")] == pytest.approx(sum(history[0]["layers"][0]["entropy"]) / 3)
     assert initial_metrics(reports[1]) == {} == initial_metrics(reports[2])
     assert all(len(layer[metric]) == 3 for h in history for layer in h["layers"] for metric in LOCALITY_METRICS)
     for report, snapshot in zip(reports, history[1:], strict=True):
         per_head = snapshot["layers"][1]["mean_distance"]
         assert report[locality_key(2, "mean_distance")] == pytest.approx(sum(per_head) / 3)
+
+
+def test_gpsa_reports_its_gate_and_centre_distance_per_head() -> None:
+    """An attention kind's declared per-head reports (``head_report``) join the history and the epoch's report."""
+    model = build_model(ModelConfig(encoding="gpsa", hidden=8, layers=2, heads=4, ffn=8), image_size=8)
+    per_layer = measure_locality(model, torch.randn(3, 3, 8, 8))
+    assert per_layer[0]["gate"] == pytest.approx([1 / (1 + math.exp(-1.0))] * 4)  # ConViT's init, lambda = 1
+    assert per_layer[0]["centre_distance"][:4] == pytest.approx([math.sqrt(0.5)] * 4)  # the 2x2 grid of +-0.5
+    summary = layer_summary(per_layer)
+    assert summary[locality_key(2, "head3/gate")] == per_layer[1]["gate"][2]
+    assert locality_key(1, "mean_distance") in summary and locality_key(1, "head1/mean_distance") not in summary
