@@ -277,17 +277,17 @@ def test_dvc_exp_run_reruns_only_tune_and_names_its_mlflow_runs(
     # Each measure once: no accuracy repeated under another name across the stages' metrics files.
     rows = list(csv.reader(io.StringIO(shown)))
     assert not [name for name in rows[0] if name.endswith(("test_acc_mean", "acc_before_pruning"))], rows[0]
-    # The README's one-screen recipe keeps the experiment, accuracies and the changed params, and drops the rest.
-    recipe = _readme_exp_show_recipe()
+    # docs/running.md's one-screen recipe keeps the experiment, accuracies and the changed params, and drops the rest.
+    recipe = _docs_exp_show_recipe()
     kept = next(csv.reader(io.StringIO(project.dvc("exp", "show", "--csv", *recipe).stdout)))
     assert {"train.epochs", "sweep.variants", "resnet18.test_acc"} <= set(kept), kept
     assert not [name for name in kept if name == "Created" or "/" in name or "gap_to" in name], kept
     assert len(kept) < len(rows[0]), (kept, rows[0])
 
 
-def _readme_exp_show_recipe() -> list[str]:
-    """The arguments of the README's ``dvc exp show --only-changed --drop ...`` command (its continued lines)."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def _docs_exp_show_recipe() -> list[str]:
+    """The arguments of docs/running.md's ``dvc exp show --only-changed --drop ...`` command (its continued lines)."""
+    readme = (Path(__file__).resolve().parents[2] / "docs/running.md").read_text()
     start = readme.index("dvc exp show --only-changed --drop")
     command = []
     for line in readme[start:].splitlines():
