@@ -27,6 +27,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -142,6 +143,7 @@ async def _open_browser(profile: Path) -> tuple[subprocess.Popen, int]:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its renderer and helper processes go with it (os.killpg)
     )
     return browser, port
 
@@ -151,7 +153,8 @@ async def page_load_times(url: str, top: str) -> tuple[float, float]:
     same browser (its cache warm)."""
     import aiohttp
 
-    with tempfile.TemporaryDirectory(prefix="ui-load-profile-") as profile:
+    # Chromium's helpers may still write to the profile for a moment after it is stopped: removal errors are ignored.
+    with tempfile.TemporaryDirectory(prefix="ui-load-profile-", ignore_cleanup_errors=True) as profile:
         browser, port = await _open_browser(Path(profile))
         try:
             async with aiohttp.ClientSession() as http:
@@ -163,7 +166,7 @@ async def page_load_times(url: str, top: str) -> tuple[float, float]:
                     await tools.call("Page.navigate", url="about:blank")
                     warm = await _time_navigation(tools, url, top)
         finally:
-            browser.terminate()
+            os.killpg(browser.pid, signal.SIGTERM)
             browser.wait(timeout=30)
     return cold, warm
 
