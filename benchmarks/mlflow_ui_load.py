@@ -23,6 +23,7 @@ bar a lab's store must clear: the runs page in under 2 s with 1000 runs in it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -166,7 +167,8 @@ async def page_load_times(url: str, top: str) -> tuple[float, float]:
                     await tools.call("Page.navigate", url="about:blank")
                     warm = await _time_navigation(tools, url, top)
         finally:
-            os.killpg(browser.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # it may have gone already
+                os.killpg(browser.pid, signal.SIGTERM)
             browser.wait(timeout=30)
     return cold, warm
 
