@@ -167,7 +167,7 @@ def test_sixteen_trials_share_eight_gpus_and_a_lost_node_moves_its_trials(
     """``sweep.resources.gpu: 0.5`` on 4 nodes x 2 GPUs: 16 trials train at once, two per (node, GPU), each seeing its
     GPU in CUDA_VISIBLE_DEVICES; a node killed mid-sweep moves its trials to the others, each resuming from its last
     epoch checkpoint into its own MLflow run."""
-    trials, epochs = 16, 3
+    trials, epochs = 16, 2
     cluster_project.write_params(gpu_params("it-gpu-nodes", list(range(trials)), epochs=epochs, max_failures=1))
     gpu_nodes.pace(start_together=trials)  # no trial trains before all 16 run: only Ray's packing lets them start
     db = cluster_project.path / "mlflow.db"
