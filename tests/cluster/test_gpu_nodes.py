@@ -17,7 +17,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -49,9 +49,24 @@ class Batch:
 
 @dataclass
 class GpuNodes:
-    nodes: list[RayNode]
+    cluster: LocalCluster
     settings: Path
     log: Path
+    nodes: list[RayNode] = field(default_factory=list)
+
+    def start(self) -> RayNode:
+        env = {"PYTHONPATH": str(PACED), "PACED_BATCHES": str(self.settings)}
+        node = self.cluster.start_node("worker", self.cluster.address, cpus=2, gpus=GPUS_PER_NODE, env=env)
+        self.nodes.append(node)
+        self.cluster.extra.append(node)
+        return node
+
+    def replace(self, node: RayNode) -> None:
+        """A new node for one a test took away (tests run in any order: each finds four)."""
+        self.nodes.remove(node)
+        self.cluster.extra.remove(node)
+        node.stop()
+        self.start()
 
     def pace(self, **settings: object) -> None:
         """Settings for the next sweep's trials (``paced_batches``), with an empty batch log."""
@@ -67,14 +82,11 @@ class GpuNodes:
 def gpu_nodes(cluster: LocalCluster) -> Iterator[GpuNodes]:
     folder = cluster.temp_dir / "paced"
     folder.mkdir()
-    paced = GpuNodes([], folder / "settings.json", folder / "batches.log")
+    paced = GpuNodes(cluster, folder / "settings.json", folder / "batches.log")
     paced.pace()
-    env = {"PYTHONPATH": str(PACED), "PACED_BATCHES": str(paced.settings)}
     try:
         for _ in range(GPU_NODES):
-            node = cluster.start_node("worker", cluster.address, cpus=2, gpus=GPUS_PER_NODE, env=env)
-            paced.nodes.append(node)
-            cluster.extra.append(node)
+            paced.start()
         yield paced
     finally:
         for node in paced.nodes:
@@ -168,6 +180,7 @@ def test_sixteen_trials_share_eight_gpus_and_a_lost_node_moves_its_trials(
     GPU in CUDA_VISIBLE_DEVICES; a node killed mid-sweep moves its trials to the others, each resuming from its last
     epoch checkpoint into its own MLflow run."""
     trials, epochs = 16, 2
+    seeds = {str(seed) for seed in range(trials)}
     cluster_project.write_params(gpu_params("it-gpu-nodes", list(range(trials)), epochs=epochs, max_failures=1))
     gpu_nodes.pace(start_together=trials)  # no trial trains before all 16 run: only Ray's packing lets them start
     db = cluster_project.path / "mlflow.db"
@@ -176,12 +189,15 @@ def test_sixteen_trials_share_eight_gpus_and_a_lost_node_moves_its_trials(
     victim = gpu_nodes.nodes[-1]
     try:
 
+        def this_sweeps_runs() -> dict[str, dict[str, str]]:  # the store holds the module's other runs
+            return {r: t for r, t in tags_so_far(db).items() if t.get("seed") in seeds and "ray.gpu_ids" in t}
+
         def all_trained_an_epoch() -> bool:
-            placed = [r for r, t in tags_so_far(db).items() if "ray.gpu_ids" in t]
+            placed = this_sweeps_runs()
             return len(placed) == trials and all(epochs_logged(db, r) for r in placed)
 
         wait_until(stage, "16 trials each logging an epoch", all_trained_an_epoch)
-        placed = {r: t for r, t in run_tags(db).items() if "ray.gpu_ids" in t}
+        placed = this_sweeps_runs()
         killed = victim.kill()
         finish(stage)
     finally:
@@ -222,9 +238,7 @@ def test_sixteen_trials_share_eight_gpus_and_a_lost_node_moves_its_trials(
     assert {len(b) for t, b in by_trial.items() if t not in moved_trials} == {epochs * per_epoch}
     redone = [len(by_trial[t]) - epochs * per_epoch for t in moved_trials]
     assert all(0 <= n < per_epoch for n in redone), redone
-    gpu_nodes.nodes.remove(victim)
-    cluster.extra.remove(victim)
-    victim.stop()
+    gpu_nodes.replace(victim)
     print(
         f"16 trials on {GPU_NODES} nodes x {GPUS_PER_NODE} GPUs in {seconds:.0f} s; killed {killed} processes of a "
         f"node; its {len(moved)} trials moved and redid {redone} batches of {per_epoch} per epoch"
@@ -266,9 +280,9 @@ def test_a_drained_node_costs_seconds_not_an_epoch(
     stage = start_stage(cluster, cluster_project)
     try:
 
-        def placed() -> dict[str, str] | None:
-            runs = tags_so_far(db)
-            return next((t for r, t in runs.items() if "ray.gpu_ids" in t and epochs_logged(db, r)), None)
+        def placed() -> dict[str, str] | None:  # this sweep's trial (the store holds the module's other runs)
+            runs = {r: t for r, t in tags_so_far(db).items() if t.get("seed") == "100" and "ray.gpu_ids" in t}
+            return next((t for r, t in runs.items() if epochs_logged(db, r)), None)
 
         wait_until(stage, "the trial logging its first epoch", placed)
         tags = placed()
@@ -283,9 +297,7 @@ def test_a_drained_node_costs_seconds_not_an_epoch(
         if stage.poll() is None:
             stage.kill()
         cluster_project.write_params(tiny_cluster_params())
-    gpu_nodes.nodes.remove(node)
-    cluster.extra.remove(node)
-    node.stop()
+    gpu_nodes.replace(node)
 
     manifest, runs = children(cluster_project)
     assert [t["status"] for t in manifest["trials"]] == ["finished"]
