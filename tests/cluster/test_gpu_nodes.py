@@ -204,6 +204,7 @@ def test_sixteen_trials_share_eight_gpus_and_a_lost_node_moves_its_trials(
         if stage.poll() is None:
             stage.kill()
         cluster_project.write_params(tiny_cluster_params())
+        gpu_nodes.replace(victim)
     seconds = time.monotonic() - started
 
     # Packing: each (node, GPU) slot held by exactly two trials, the GPU Ray gave each one is the one it sees.
@@ -238,7 +239,6 @@ def test_sixteen_trials_share_eight_gpus_and_a_lost_node_moves_its_trials(
     assert {len(b) for t, b in by_trial.items() if t not in moved_trials} == {epochs * per_epoch}
     redone = [len(by_trial[t]) - epochs * per_epoch for t in moved_trials]
     assert all(0 <= n < per_epoch for n in redone), redone
-    gpu_nodes.replace(victim)
     print(
         f"16 trials on {GPU_NODES} nodes x {GPUS_PER_NODE} GPUs in {seconds:.0f} s; killed {killed} processes of a "
         f"node; its {len(moved)} trials moved and redid {redone} batches of {per_epoch} per epoch"
@@ -277,7 +277,8 @@ def test_a_drained_node_costs_seconds_not_an_epoch(
     cluster_project.write_params(gpu_params("it-gpu-drain", [100], epochs=epochs, max_failures=0))
     gpu_nodes.pace(sleep_s=DRAIN_SLEEP_S)
     db = cluster_project.path / "mlflow.db"
-    stage = start_stage(cluster, cluster_project)
+    started = time.monotonic()
+    stage, node = start_stage(cluster, cluster_project), None
     try:
 
         def placed() -> dict[str, str] | None:  # this sweep's trial (the store holds the module's other runs)
@@ -297,7 +298,9 @@ def test_a_drained_node_costs_seconds_not_an_epoch(
         if stage.poll() is None:
             stage.kill()
         cluster_project.write_params(tiny_cluster_params())
-    gpu_nodes.replace(node)
+        if node is not None:
+            gpu_nodes.replace(node)
+    seconds = time.monotonic() - started
 
     manifest, runs = children(cluster_project)
     assert [t["status"] for t in manifest["trials"]] == ["finished"]
@@ -317,8 +320,9 @@ def test_a_drained_node_costs_seconds_not_an_epoch(
     assert marker["epoch"] == 1 and marker["steps"] == len(on_drained) - per_epoch > 0
     batch_s = (on_drained[-1].at - on_drained[0].at) / (len(on_drained) - 1)  # as trained, sleep and compute
     print(
-        f"drained with {notice_s} s notice: checkpoint {notice.at - drained_at:.1f} s after the notice, at batch "
-        f"{marker['steps']} of {per_epoch} of epoch 2 ({per_epoch * batch_s:.1f} s epochs); work lost: {redone} "
-        f"batches redone, 0 % of an epoch; today's retry from the last epoch would redo {marker['steps']} batches "
-        f"({marker['steps'] / per_epoch:.0%} of an epoch, {marker['steps'] * batch_s:.1f} s)"
+        f"sweep of {seconds:.0f} s; drained with {notice_s} s notice: checkpoint {notice.at - drained_at:.1f} s "
+        f"after the notice, at batch {marker['steps']} of {per_epoch} of epoch 2 ({per_epoch * batch_s:.1f} s "
+        f"epochs); work lost: {redone} batches redone, {redone / per_epoch:.0%} of an epoch; today's retry from the "
+        f"last epoch would redo {marker['steps']} batches ({marker['steps'] / per_epoch:.0%} of an epoch, "
+        f"{marker['steps'] * batch_s:.1f} s)"
     )
