@@ -98,10 +98,10 @@ def bucket(new_bucket: Callable[[], Bucket]) -> Bucket:
 
 # With pytest-xdist (`make test`: `-n 2`), tests that share a session's real tools run in one worker, so each tool is
 # started once per group: the integration tests in two groups (each worker that runs one starts its own local Ray,
-# MLflow server and project copy: the tools cost seconds, the two halves minutes each), the two-node cluster's tests in
-# one; the other tests go by module, so a module's fixtures are built once. The groups go out first, the costliest
-# first, and the short modules fill in around them. (xdist's own `--dist loadgroup` marks do not take on pytest 9: it
-# renames items through an attribute pytest no longer reads.)
+# MLflow server and project copy: the tools cost seconds, the two halves minutes each), the cluster's tests in one
+# (the two-node cluster and the GPU nodes a module adds to it); the other tests go by module, so a module's fixtures
+# are built once. The groups go out first, the costliest first, and the short modules fill in around them. (xdist's
+# own `--dist loadgroup` marks do not take on pytest 9: it renames items through an attribute pytest no longer reads.)
 INTEGRATION = "tests/integration/"
 # The fault-tolerance half of the integration tests (storage, outages, deaths, restores); the rest of tests/integration
 # (the pipeline, its views, scheduling) is the other half. A new module joins the second unless it is listed here.

@@ -7,5 +7,6 @@
 - ``device``        where a trial runs and in which precision, decided once and recorded
 - ``report``        the contract with the driver: the per-epoch report's keys and the checkpoint's files
 - ``code_version``  the trial code declared and hashed, and the trial's check that it runs the driver's code
+- ``preemption``    a drain notice seen between batches: a mid-epoch checkpoint, the trial continues elsewhere
 - ``trainable``     the Ray Tune adapter around ``run_trial``
 """

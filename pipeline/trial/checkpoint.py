@@ -1,7 +1,8 @@
 """The checkpoint of a trial: its format, writing and loading, the model it holds, and the RNG state it carries.
 
 A checkpoint directory holds ``checkpoint.pt`` (weights, optimiser, schedule, epoch, every RNG state, the model and
-train configs, heads per layer, metrics so far, image shape and class count), for every self-attention model
+train configs, heads per layer, metrics so far, image shape and class count, and for a checkpoint taken between two
+batches how far the epoch in progress got: ``EpochProgress``), for every self-attention model
 ``locality_history.json`` (each head's mean distance, entropy and peak probability per epoch, epoch 0 = before
 training: ``pipeline.trial.locality``) and, for Gaussian heads, ``head_history.json`` (each head's centre and
 ``Sigma^-1`` per epoch). Everything in
@@ -30,6 +31,28 @@ from pipeline.trial.report import CHECKPOINT_FILE, HEAD_HISTORY_FILE, LOCALITY_H
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class EpochProgress:
+    """How far an interrupted epoch got, for a checkpoint taken between two batches (on a drain notice): enough to
+    finish that epoch exactly as an uninterrupted run does. The epoch's shuffle is drawn again from the data
+    generator's state at the epoch's start; what the done batches changed (weights, optimiser, schedule, RNGs) is in
+    the checkpoint already."""
+
+    start_rng: torch.Tensor  # the data generator's state when the epoch began
+    steps: int  # batches done
+    loss_sum: float  # sum of the done batches' losses x their sizes (float32, exact as a Python float)
+    correct: int
+    lr: float  # the last done step's learning rate
+    seconds: float = 0.0  # training time the epoch took so far
+
+    def state(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None) -> EpochProgress | None:
+        return cls(**state) if state is not None else None
+
+
 @dataclass
 class Trial:
     """Everything that changes during a trial and is checkpointed."""
@@ -43,6 +66,7 @@ class Trial:
     metrics_history: list[dict[str, float]] = field(default_factory=list)
     head_history: list[dict[str, Any]] = field(default_factory=list)
     locality_history: list[dict[str, Any]] = field(default_factory=list)
+    progress: EpochProgress | None = None  # the epoch in progress, when checkpointed between two batches
 
     def __post_init__(self) -> None:
         if self.runner is None:
@@ -96,6 +120,7 @@ def write_checkpoint(
         "train_config": train_cfg.model_dump(),
         "heads_per_layer": heads_of(trial.model),
         "metrics_history": [dict(m) for m in trial.metrics_history],
+        "epoch_progress": trial.progress.state() if trial.progress is not None else None,
         **data_info,  # image_shape, num_classes
     }
     torch.save(payload, directory / CHECKPOINT_FILE)

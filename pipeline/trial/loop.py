@@ -9,7 +9,9 @@ The whole dataset stays in memory on the training device (uint8), and shuffling 
 tensor ops drawn from one explicit CPU ``torch.Generator``: no DataLoader workers, and the same draws on CPU
 and GPU. Every RNG state (that generator, torch's global CPU generator used by dropout, CUDA's when used) is
 checkpointed, so a run resumed from epoch k's checkpoint ends with bit-for-bit the weights of an uninterrupted
-run on the CPU.
+run on the CPU. A caller's ``stop`` check, asked before every batch, ends a trial mid-epoch with a checkpoint of the
+epoch in progress (``EpochProgress``): resumed from it, the trial finishes that epoch from the next batch, again bit
+for bit. That is how a trial leaves a node being drained (``pipeline.trial.preemption``) losing no finished batch.
 
 ``run_trial`` knows nothing about Ray or MLflow: the caller's ``reporter`` receives each epoch's scalar
 metrics and a checkpoint directory that is valid only during the call (Ray copies it; a test may just read
@@ -23,7 +25,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.config import ModelConfig, TrainConfig
 from pipeline.trial.checkpoint import (
+    EpochProgress,
     Trial,
     build_for_data,
     head_snapshot,
@@ -54,6 +57,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Reporter = Callable[[dict[str, float], Path], None]  # (epoch metrics, checkpoint dir valid only during the call)
+Stopped = Callable[[Path], None]  # (a mid-epoch checkpoint dir valid only during the call)
+
+
+class EpochInterrupted(Exception):
+    """``train_one_epoch`` stopped between two batches because its ``stop`` check said so; ``progress`` is how far the
+    epoch got (its ``seconds`` are the caller's to fill in)."""
+
+    def __init__(self, progress: EpochProgress) -> None:
+        super().__init__(f"stopped after {progress.steps} batches of the epoch")
+        self.progress = progress
 
 
 class DivergedError(RuntimeError):
@@ -186,21 +199,40 @@ def augment_batch(images: Tensor, padding: int, generator: torch.Generator, *, h
 
 
 def train_one_epoch(
-    trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.dtype | None
+    trial: Trial,
+    data: DeviceData,
+    cfg: TrainConfig,
+    amp_dtype: torch.dtype | None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """One pass over the shuffled training set; returns mean loss, accuracy and the last step's lr.
 
-    Raises ``DivergedError`` at the first non-finite loss, before it reaches the weights.
+    A trial holding ``progress`` (resumed from a mid-epoch checkpoint) finishes that epoch: the same shuffle, from the
+    next batch. ``stop``, asked before every batch, raises ``EpochInterrupted`` when it returns True. Raises
+    ``DivergedError`` at the first non-finite loss, before it reaches the weights.
     """
     model, optimizer, scheduler = trial.model, trial.optimizer, trial.scheduler
     model.train()
     device = data.train_labels.device
     n = data.train_labels.numel()
-    order = torch.randperm(n, generator=trial.generator).to(device)  # (N,)
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    lr = optimizer.param_groups[0]["lr"]
+    progress = trial.progress
+    if progress is None:
+        start_rng = trial.generator.get_state()
+        order = torch.randperm(n, generator=trial.generator).to(device)  # (N,)
+    else:  # the interrupted epoch's shuffle, then the generator where that run left it
+        start_rng, now = progress.start_rng, trial.generator.get_state()
+        trial.generator.set_state(start_rng)
+        order = torch.randperm(n, generator=trial.generator).to(device)  # (N,)
+        trial.generator.set_state(now)
+    loss_sum = torch.tensor(progress.loss_sum if progress else 0.0, device=device)  # float32, as the sum was
+    correct = torch.tensor(progress.correct if progress else 0, dtype=torch.int64, device=device)
+    lr = progress.lr if progress else optimizer.param_groups[0]["lr"]
+    done = progress.steps if progress else 0
     for step, start in enumerate(range(0, n, cfg.batch_size)):
+        if step < done:
+            continue
+        if stop is not None and stop():
+            raise EpochInterrupted(EpochProgress(start_rng, step, loss_sum.item(), int(correct.item()), lr))
         index = order[start : start + cfg.batch_size]  # (B,)
         images = data.train_images[index].float().div_(255)  # (B, C, H, W) in [0, 1]
         if cfg.augment:
@@ -282,6 +314,7 @@ def _start(
         restore_rng(resume["rng"], generator, device)
         trial.epoch = resume["epoch"]
         trial.metrics_history = list(resume["metrics_history"])
+        trial.progress = EpochProgress.from_state(resume.get("epoch_progress"))  # older checkpoints have none
     return trial
 
 
@@ -360,6 +393,8 @@ def run_trial(
     resume_from: Path | None = None,
     init_from: Path | None = None,
     heads_per_layer: list[int] | None = None,
+    stop: Callable[[], bool] | None = None,
+    stopped: Stopped | None = None,
 ) -> dict[str, float]:
     """Train for ``train_cfg.epochs`` epochs, calling ``reporter(metrics, checkpoint_dir)`` after each one.
 
@@ -369,6 +404,8 @@ def run_trial(
         init_from: a checkpoint directory whose weights (and heads per layer) start a *new* run, e.g.
             fine-tuning a pruned model; optimiser, schedule and epoch count start afresh.
         heads_per_layer: heads of each attention layer, overriding ``model_cfg.heads`` (and ``init_from``'s).
+        stop: asked before every batch; when it returns True the trial writes a checkpoint of the epoch in progress,
+            hands it to ``stopped(checkpoint_dir)`` and returns (``resume_from`` that checkpoint finishes the epoch).
 
     Metrics (``METRIC_KEYS``, scalars): ``epoch`` counts completed epochs (an int, from 1); ``train_loss`` and
     ``train_acc`` average the epoch's training batches (dropout and augmentation on); ``test_*`` come from one
@@ -405,11 +442,22 @@ def run_trial(
             _compile(trial, on_device, train_cfg, amp_dtype),
         )
 
+    assert (stop is None) == (stopped is None), "stop and stopped go together"
     while trial.epoch < train_cfg.epochs:
         synchronize(device)
         started = time.perf_counter()
-        metrics = train_one_epoch(trial, on_device, train_cfg, amp_dtype)  # .item() at the end synchronises
-        seconds = time.perf_counter() - started
+        spent = trial.progress.seconds if trial.progress is not None else 0.0  # before a mid-epoch checkpoint
+        try:
+            metrics = train_one_epoch(trial, on_device, train_cfg, amp_dtype, stop)  # .item() at the end syncs
+        except EpochInterrupted as interrupted:
+            trial.progress = replace(interrupted.progress, seconds=spent + time.perf_counter() - started)
+            log.info("stopped after %d batches of epoch %d", trial.progress.steps, trial.epoch + 1)
+            with tempfile.TemporaryDirectory(prefix="trial-checkpoint-") as tmp:
+                write_checkpoint(Path(tmp), trial, model_cfg, train_cfg, data_info)
+                stopped(Path(tmp))  # type: ignore[misc]  # set with stop (asserted)
+            return dict(trial.metrics_history[-1]) if trial.metrics_history else {}
+        seconds = spent + time.perf_counter() - started
+        trial.progress = None
         trial.epoch += 1
         test_loss, test_acc = evaluate(
             trial.runner,
@@ -443,7 +491,9 @@ def run_trial(
 __all__ = [
     "DeviceData",
     "DivergedError",
+    "EpochInterrupted",
     "Reporter",
+    "Stopped",
     "WarmupCosine",
     "augment_batch",
     "build_optimizer",

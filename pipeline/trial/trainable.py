@@ -3,7 +3,8 @@
 Kept apart from ``pipeline.sweep`` (the driver) so that a trial's worker imports only what training needs (torch,
 Ray Tune, the trainer) and not MLflow, the dataset sources or torchvision: a fresh worker starts training seconds
 sooner. Everything it imports from this project is trial code (``pipeline.sweep.identity.TRIAL_CODE``, tested).
-The trial reports every epoch with a checkpoint and resumes from Tune's checkpoint after a failure.
+The trial reports every epoch with a checkpoint and resumes from Tune's checkpoint after a failure; on a node being
+drained it checkpoints mid-epoch and continues elsewhere from that batch (``pipeline.trial.preemption``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from pyarrow.fs import FileSelector, FileType
 from ray import tune
 
 from pipeline.config import parse_params
-from pipeline.trial.checkpoint import checkpoint_loads
+from pipeline.trial.checkpoint import checkpoint_loads, load_checkpoint
 from pipeline.trial.code_version import check_trial_code
 from pipeline.trial.device import device_tags, gpu_tags, trial_train_config
 from pipeline.trial.loop import DivergedError, run_trial
+from pipeline.trial.preemption import DrainWatch, drained_checkpoint, save_drain_checkpoint
 from pipeline.trial.report import ETA_KEY, UNRETRYABLE_FILE, WHERE_KEY, UnretryableTrialError
 
 if TYPE_CHECKING:
@@ -87,12 +89,38 @@ def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, An
         if checkpoint is None and fail_after is not None and metrics["epoch"] == fail_after:
             raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
 
+    storage = tune.get_context().get_storage()
+    fs, trial_path = storage.storage_filesystem, storage.trial_fs_path
     with tempfile.TemporaryDirectory(prefix="tune-resume-") as tmp:
         resume_from = on_this_node(config.get("resume_from"), Path(tmp) / "resume_from")
         if checkpoint is not None:  # a copy: Tune may delete old checkpoints (num_to_keep) while we train
             resume_from = restorable_copy(checkpoint, Path(tmp))
+        # A drain checkpoint continuing that checkpoint's epoch (its node was taken mid-epoch) goes further.
+        epoch = load_checkpoint(resume_from)["epoch"] if resume_from is not None else 0
+        resume_from = drained_checkpoint(fs, trial_path, epoch, Path(tmp) / "drained") or resume_from
         init_from = on_this_node(config.get("init_from"), Path(tmp) / "init_from") if resume_from is None else None
-        run_trial(model_cfg, train_cfg, data, reporter, resume_from=resume_from, init_from=init_from)
+        stopped: list[dict] = []
+        with DrainWatch(node) as watch:
+            run_trial(
+                model_cfg,
+                train_cfg,
+                data,
+                reporter,
+                resume_from=resume_from,
+                init_from=init_from,
+                stop=watch.noticed,
+                stopped=lambda directory: stopped.append(save_drain_checkpoint(directory, fs, trial_path)),
+            )
+            if not stopped:
+                return
+            saved = stopped[0]
+            log.warning(
+                "drain checkpoint at epoch %d, batch %d; waiting for the node's end", saved["epoch"] + 1, saved["steps"]
+            )
+            watch.await_the_end()  # Tune retries the trial elsewhere, uncounted: the process ends with the node
+        # The node outlived its notice: train on here from the drain checkpoint, no longer watching.
+        resumed = drained_checkpoint(fs, trial_path, stopped[0]["epoch"], Path(tmp) / "outlived")
+        run_trial(model_cfg, train_cfg, data, reporter, resume_from=resumed)
 
 
 def on_this_node(location: str | None, into: Path) -> Path | None:

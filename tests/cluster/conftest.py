@@ -1,4 +1,7 @@
-"""A real two-node Ray cluster on this machine and a copy of the project whose tune stage attaches to it.
+"""A real multi-node Ray cluster on this machine and a copy of the project whose tune stage attaches to it.
+
+The session's cluster has two nodes (a head and a worker) of one CPU each; a module adds nodes of its own (more CPUs,
+declared GPUs) with ``LocalCluster.start_node`` and stops them when it is done.
 
 All on 127.0.0.1, token auth on (a token file made here), explicit free ports, a private temp dir (``RAY_TMPDIR``).
 Each node is its own process (``ray_node.py``, Ray's node API) in its own process group; only those are stopped,
@@ -12,6 +15,7 @@ import select
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -76,7 +80,10 @@ class RayNode:
 
 
 @dataclass
-class TwoNodeCluster:
+class LocalCluster:
+    """The session's cluster: a head, a worker (``worker``, replaced by a test that kills it) and the nodes a test or
+    module adds (``extra``), all on 127.0.0.1 with token auth."""
+
     address: str
     token_file: Path
     temp_dir: Path
@@ -85,14 +92,27 @@ class TwoNodeCluster:
     worker: RayNode
     extra: list[RayNode] = field(default_factory=list)
 
-    def start_node(self, role: str, where: str, prefix: Sequence[str] = ()) -> RayNode:
+    def start_node(
+        self,
+        role: str,
+        where: str,
+        prefix: Sequence[str] = (),
+        *,
+        cpus: int = 1,
+        gpus: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> RayNode:
+        """A node process (``ray_node.py``) declaring ``cpus`` CPUs and ``gpus`` GPUs, with ``env`` added to the
+        nodes' environment (its Ray workers inherit it); returns once it is up."""
         log = self.temp_dir / f"node-{len(list(self.temp_dir.glob('node-*.log')))}.log"
         ports = [str(free_port()) for _ in range(3)]  # agent, metrics, dashboard (the head serves the Jobs API there)
-        command = [*prefix, sys.executable, str(NODE_SCRIPT), role, where, *ports]
+        command = [*prefix, sys.executable, str(NODE_SCRIPT), role, where, *ports, str(cpus), str(gpus)]
         # Each node its own Ray temp dir, as on separate machines: nodes sharing one would share its session folder,
         # and a worker node's clean-up of a job's unpacked working_dir would delete the head's copy too.
         node_dir = self.temp_dir / f"n{len(list(self.temp_dir.glob('node-*.log')))}" if role == "worker" else None
-        env = {**self.node_env, "RAY_TMPDIR": str(node_dir)} if node_dir else self.node_env
+        env = {**self.node_env, **(env or {})}
+        if node_dir:
+            env["RAY_TMPDIR"] = str(node_dir)
         if node_dir:
             node_dir.mkdir()
         with log.open("w") as err:
@@ -129,7 +149,7 @@ class TwoNodeCluster:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[TwoNodeCluster]:
+def cluster() -> Iterator[LocalCluster]:
     # Short path: Ray's unix sockets live under RAY_TMPDIR (107-character limit).
     temp_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     token_file = temp_dir / "auth_token"
@@ -147,7 +167,7 @@ def cluster() -> Iterator[TwoNodeCluster]:
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
         node_env.pop(key, None)
     port = free_port()
-    holder = TwoNodeCluster(f"127.0.0.1:{port}", token_file, temp_dir, node_env, None, None)  # type: ignore[arg-type]
+    holder = LocalCluster(f"127.0.0.1:{port}", token_file, temp_dir, node_env, None, None)  # type: ignore[arg-type]
     try:
         holder.head = holder.start_node("head", str(port))
         holder.worker = holder.start_node("worker", holder.address)
@@ -204,3 +224,34 @@ def cluster_project(tmp_path_factory: pytest.TempPathFactory) -> ClusterProject:
     assert done.returncode == 0, done.stderr[-3000:]
     print(f"prepared the data in {time.monotonic() - started:.1f} s")
     return project
+
+
+def wait_for_alive_nodes(cluster: LocalCluster, count: int, timeout_s: float = 60) -> None:
+    """Until the GCS counts ``count`` alive nodes (it has seen a stopped node go, a started one come)."""
+    code = (
+        f"from pipeline.sweep.session import check_attachable; import sys; "
+        f"sys.exit(check_attachable({cluster.address!r}) != {count})"
+    )
+    env = cluster.driver_env(RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    deadline = time.monotonic() + timeout_s
+    while subprocess.run(["python", "-c", code], env=env, capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, f"the cluster still does not have {count} alive nodes"
+        time.sleep(1)
+
+
+def run_tags(db_path: Path) -> dict[str, dict[str, str]]:
+    with sqlite3.connect(db_path) as db:
+        by_run: dict[str, dict[str, str]] = {}
+        for run, key, value in db.execute("SELECT run_uuid, key, value FROM tags"):
+            by_run.setdefault(run, {})[key] = value
+    return by_run
+
+
+def epochs_logged(db_path: Path, run_id: str) -> list[int]:
+    with sqlite3.connect(db_path) as db:
+        return [
+            step
+            for (step,) in db.execute(
+                "SELECT step FROM metrics WHERE run_uuid = ? AND key = 'test_acc' ORDER BY step", (run_id,)
+            )
+        ]

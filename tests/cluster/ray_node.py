@@ -1,8 +1,9 @@
 """One node of the test cluster, in its own process, started through Ray's own node API (real GCS, raylet, workers).
 
-``python ray_node.py head PORT AGENT_PORT METRICS_PORT DASHBOARD_PORT`` starts a head whose GCS listens on
-127.0.0.1:PORT; ``python ray_node.py worker ADDRESS AGENT_PORT METRICS_PORT DASHBOARD_PORT`` joins the cluster at
-ADDRESS. Every fixed port is
+``python ray_node.py head PORT AGENT_PORT METRICS_PORT DASHBOARD_PORT [CPUS GPUS]`` starts a head whose GCS listens
+on 127.0.0.1:PORT; ``python ray_node.py worker ADDRESS AGENT_PORT METRICS_PORT DASHBOARD_PORT [CPUS GPUS]`` joins the
+cluster at ADDRESS. The node declares CPUS logical CPUs (default 1) and GPUS GPUs (default 0: declared GPUs need no
+real ones, Ray only counts them and sets ``CUDA_VISIBLE_DEVICES``). Every fixed port is
 explicit (free ports chosen by the test), the others are picked by the OS. The head serves the dashboard (and with it
 the Jobs API) on 127.0.0.1:DASHBOARD_PORT. ``ray start --address`` refuses a second
 node on one machine while Ray is kept on the loopback interface; this API does not. The node prints ``READY`` once it
@@ -23,11 +24,13 @@ import ray._private.parameter
 import ray._private.utils
 
 
-def main(role: str, where: str, agent_port: str, metrics_port: str, dashboard_port: str) -> None:
+def main(
+    role: str, where: str, agent_port: str, metrics_port: str, dashboard_port: str, cpus: str = "1", gpus: str = "0"
+) -> None:
     common = {
         "node_ip_address": "127.0.0.1",
-        "num_cpus": 1,
-        "num_gpus": 0,
+        "num_cpus": int(cpus),
+        "num_gpus": int(gpus),
         "object_store_memory": 150 * 1024**2,
         "temp_dir": os.environ["RAY_TMPDIR"],
         "min_worker_port": 0,
@@ -58,4 +61,4 @@ def main(role: str, where: str, agent_port: str, metrics_port: str, dashboard_po
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:8])

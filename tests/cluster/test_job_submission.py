@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.config import load_params
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.tracking.tags import git_commit
-from tests.cluster.conftest import ClusterProject, TwoNodeCluster, tiny_cluster_params
+from tests.cluster.conftest import ClusterProject, LocalCluster, tiny_cluster_params
 from tests.integration.conftest import MlflowServer, mlflow_server  # noqa: F401 (the fixture, for this folder too)
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ STOP_EPOCHS = 6  # the Ctrl-C test's trials, one at a time: long enough that the
 
 
 def test_the_sweep_submitted_as_a_job(
-    cluster: TwoNodeCluster,
+    cluster: LocalCluster,
     cluster_project: ClusterProject,
     mlflow_server: MlflowServer,  # noqa: F811 (the fixture imported above)
     tmp_path: Path,
@@ -76,7 +76,7 @@ def test_the_sweep_submitted_as_a_job(
 
 
 def test_ctrl_c_stops_the_job_and_a_resubmission_resumes(
-    cluster: TwoNodeCluster,
+    cluster: LocalCluster,
     cluster_project: ClusterProject,
     mlflow_server: MlflowServer,  # noqa: F811 (the fixture imported above)
     tmp_path: Path,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -13,7 +12,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.cluster.conftest import ClusterProject, TwoNodeCluster, tiny_cluster_params
+from tests.cluster.conftest import (
+    ClusterProject,
+    LocalCluster,
+    epochs_logged,
+    run_tags,
+    tiny_cluster_params,
+    wait_for_alive_nodes,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import Bucket
@@ -60,7 +66,7 @@ def _dry_run(project: ClusterProject, env: dict[str, str]) -> tuple[subprocess.C
     return done, time.monotonic() - started
 
 
-def test_sweep_spreads_over_both_nodes(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
+def test_sweep_spreads_over_both_nodes(cluster: LocalCluster, cluster_project: ClusterProject) -> None:
     cluster_project.write_params(tiny_cluster_params(sqlite_on_cluster=True))
     started = time.monotonic()
     done = cluster_project.stage(cluster.driver_env(), "stages.tune")
@@ -69,7 +75,7 @@ def test_sweep_spreads_over_both_nodes(cluster: TwoNodeCluster, cluster_project:
     print(f"two-node sweep (2 trials x 1 epoch) took {seconds:.1f} s")
     manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
     assert {t["status"] for t in manifest["trials"]} == {"finished"} and len(manifest["trials"]) == 2
-    by_run = _run_tags(cluster_project.path / "mlflow.db")
+    by_run = run_tags(cluster_project.path / "mlflow.db")
     children = {run: t for run, t in by_run.items() if t.get("mlflow.parentRunId") == manifest["parent_run_id"]}
     assert set(children) == {t["run_id"] for t in manifest["trials"]}  # every trial's run, under the one parent
     assert {t["ray.node_id"] for t in children.values()} == {cluster.head.node_id, cluster.worker.node_id}
@@ -78,7 +84,7 @@ def test_sweep_spreads_over_both_nodes(cluster: TwoNodeCluster, cluster_project:
 
 
 def test_a_bucket_is_storage_every_node_shares(
-    cluster: TwoNodeCluster, cluster_project: ClusterProject, bucket: Bucket
+    cluster: LocalCluster, cluster_project: ClusterProject, bucket: Bucket
 ) -> None:
     """``sweep.storage_path: s3://...`` on two nodes: the probe proves every node reads and writes the bucket with its
     own credentials, trials on both nodes checkpoint there, and nothing of the Ray results is on the driver's disk."""
@@ -102,14 +108,14 @@ def test_a_bucket_is_storage_every_node_shares(
     assert not any(".storage-probe-" in key for key in keys)  # the probe's markers are removed
     children = [
         t
-        for t in _run_tags(cluster_project.path / "mlflow.db").values()
+        for t in run_tags(cluster_project.path / "mlflow.db").values()
         if t.get("mlflow.parentRunId") == manifest["parent_run_id"]
     ]
     assert {t["ray.node_id"] for t in children} == {cluster.head.node_id, cluster.worker.node_id}
     assert not (cluster_project.path / "results/ray" / manifest["experiment_name"]).exists()
 
 
-def test_wrong_token_fails_fast_naming_what_to_do(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
+def test_wrong_token_fails_fast_naming_what_to_do(cluster: LocalCluster, cluster_project: ClusterProject) -> None:
     env = cluster.driver_env(RAY_AUTH_TOKEN="not-the-cluster-token-0123456789")
     done, seconds = _dry_run(cluster_project, env)
     last = _failed_fast(
@@ -120,14 +126,14 @@ def test_wrong_token_fails_fast_naming_what_to_do(cluster: TwoNodeCluster, clust
     print(f"wrong token: stage exited 2 after {seconds:.1f} s, the check itself took {check_s:.3f} s")
 
 
-def test_missing_token_fails_fast(cluster: TwoNodeCluster, cluster_project: ClusterProject, tmp_path: Path) -> None:
+def test_missing_token_fails_fast(cluster: LocalCluster, cluster_project: ClusterProject, tmp_path: Path) -> None:
     env = cluster.driver_env(RAY_AUTH_TOKEN_PATH=None, HOME=str(tmp_path))  # no ~/.ray/auth_token either
     done, seconds = _dry_run(cluster_project, env)
     last = _failed_fast(done, seconds, "sweep.ray_address", "refused no token", "~/.ray/auth_token")
     assert _attach_check(cluster_project, env)[0] in last
 
 
-def test_nothing_at_the_address_fails_fast(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
+def test_nothing_at_the_address_fails_fast(cluster: LocalCluster, cluster_project: ClusterProject) -> None:
     from tests.cluster.conftest import free_port
 
     env = cluster.driver_env(RAY_ADDRESS=f"127.0.0.1:{free_port()}")
@@ -137,7 +143,7 @@ def test_nothing_at_the_address_fails_fast(cluster: TwoNodeCluster, cluster_proj
 
 
 def test_sqlite_store_on_a_multi_node_cluster_is_refused(
-    cluster: TwoNodeCluster, cluster_project: ClusterProject
+    cluster: LocalCluster, cluster_project: ClusterProject
 ) -> None:
     cluster_project.write_params(tiny_cluster_params())
     done, seconds = _dry_run(cluster_project, cluster.driver_env())
@@ -145,7 +151,7 @@ def test_sqlite_store_on_a_multi_node_cluster_is_refused(
 
 
 def test_storage_a_node_does_not_share_is_refused(
-    cluster: TwoNodeCluster, cluster_project: ClusterProject, tmp_path: Path
+    cluster: LocalCluster, cluster_project: ClusterProject, tmp_path: Path
 ) -> None:
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare(1) to give one node a private mount over the storage path")
@@ -177,41 +183,10 @@ def test_storage_a_node_does_not_share_is_refused(
         node.stop()
         cluster.extra.remove(node)
         cluster_project.write_params(tiny_cluster_params())
-        _wait_for_alive_nodes(cluster, 2)
+        wait_for_alive_nodes(cluster, 2)
 
 
-def _wait_for_alive_nodes(cluster: TwoNodeCluster, count: int, timeout_s: float = 60) -> None:
-    """Until the GCS has seen a stopped node go (so the next test sees two nodes)."""
-    code = (
-        f"from pipeline.sweep.session import check_attachable; import sys; "
-        f"sys.exit(check_attachable({cluster.address!r}) != {count})"
-    )
-    env = cluster.driver_env(RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    deadline = time.monotonic() + timeout_s
-    while subprocess.run(["python", "-c", code], env=env, capture_output=True).returncode != 0:
-        assert time.monotonic() < deadline, f"the cluster still does not have {count} alive nodes"
-        time.sleep(1)
-
-
-def _run_tags(db_path: Path) -> dict[str, dict[str, str]]:
-    with sqlite3.connect(db_path) as db:
-        by_run: dict[str, dict[str, str]] = {}
-        for run, key, value in db.execute("SELECT run_uuid, key, value FROM tags"):
-            by_run.setdefault(run, {})[key] = value
-    return by_run
-
-
-def _epochs_logged(db_path: Path, run_id: str) -> list[int]:
-    with sqlite3.connect(db_path) as db:
-        return [
-            step
-            for (step,) in db.execute(
-                "SELECT step FROM metrics WHERE run_uuid = ? AND key = 'test_acc' ORDER BY step", (run_id,)
-            )
-        ]
-
-
-def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project: ClusterProject) -> None:
+def test_a_worker_node_killed_mid_trial(cluster: LocalCluster, cluster_project: ClusterProject) -> None:
     """SIGKILL of every process of the worker node while its trial trains: the trial finishes on the head from its
     last checkpoint, in the same run, each epoch logged once, and the run names both nodes it ran on."""
     params = tiny_cluster_params(sqlite_on_cluster=True)
@@ -233,13 +208,13 @@ def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project
         deadline = time.monotonic() + 300
         while victim is None:  # the worker node's trial has logged its first epoch: kill the node
             assert stage.poll() is None and time.monotonic() < deadline, "the worker node's trial never trained"
-            runs = _run_tags(db) if db.exists() else {}
+            runs = run_tags(db) if db.exists() else {}
             on_worker = [
                 r
                 for r, t in runs.items()
                 if t.get("ray.node_id") == cluster.worker.node_id and t.get("tune.status") != "finished"
             ]
-            if on_worker and _epochs_logged(db, on_worker[0]):
+            if on_worker and epochs_logged(db, on_worker[0]):
                 victim = on_worker[0]
                 killed = cluster.worker.kill()
             time.sleep(0.2)
@@ -251,10 +226,10 @@ def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project
         cluster.worker.stop()
         cluster.worker = cluster.start_node("worker", cluster.address)  # the other tests expect two nodes
         cluster_project.write_params(tiny_cluster_params())
-    killed_at = _epochs_logged(db, victim)
+    killed_at = epochs_logged(db, victim)
     manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
     assert {t["status"] for t in manifest["trials"]} == {"finished"}
-    runs = _run_tags(db)
+    runs = run_tags(db)
     children = {r for r, t in runs.items() if t.get("mlflow.parentRunId") == manifest["parent_run_id"]}
     assert children == {t["run_id"] for t in manifest["trials"]}  # one run per trial: no orphan from the retry
     assert killed_at == [1, 2, 3, 4]  # every epoch once: none lost, none logged twice
@@ -264,4 +239,4 @@ def test_a_worker_node_killed_mid_trial(cluster: TwoNodeCluster, cluster_project
         f"killed {killed} processes of the worker node; the trial's run: nodes {runs[victim]['ray.node_ids']}, "
         f"epochs {killed_at}, retries {runs[victim].get('tune.retries')}"
     )
-    _wait_for_alive_nodes(cluster, 2, timeout_s=120)
+    wait_for_alive_nodes(cluster, 2, timeout_s=120)

@@ -19,5 +19,7 @@ def test_tests_go_to_their_group() -> None:
     assert xdist_scope("tests/integration/test_orphans.py::test_x") == "local-ray-faults"
     assert xdist_scope("tests/integration/test_tune_pipeline.py::test_x[a]") == "local-ray"
     assert xdist_scope("tests/cluster/test_two_nodes.py::test_x") == "two-node-cluster"
+    # The GPU nodes join the session's cluster: that module must run in the worker that started it.
+    assert xdist_scope("tests/cluster/test_gpu_nodes.py::test_x") == "two-node-cluster"
     assert xdist_scope("tests/unit/test_layout.py::test_x") == "tests/unit/test_layout.py"
     assert set(GROUP_ORDER) == {"local-ray", "local-ray-faults", "two-node-cluster"}

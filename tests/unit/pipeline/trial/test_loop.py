@@ -17,7 +17,13 @@ from pipeline.data.prepared import PreparedData
 from pipeline.data.sources import prepare_dataset
 from pipeline.models import build_model
 from pipeline.trial import loop as train
-from pipeline.trial.checkpoint import load_checkpoint, load_head_history, model_from_checkpoint, save_model_checkpoint
+from pipeline.trial.checkpoint import (
+    EpochProgress,
+    load_checkpoint,
+    load_head_history,
+    model_from_checkpoint,
+    save_model_checkpoint,
+)
 from pipeline.trial.device import device_tags
 from pipeline.trial.loop import (
     DivergedError,
@@ -238,6 +244,61 @@ def test_resume_from_a_run_interrupted_in_its_own_process(tmp_path):
     run_trial(TINY_SA, TINY_TRAIN, data, resumed, resume_from=interrupted.dirs[-1])
     expected, actual = load_checkpoint(straight.dirs[-1])["model"], load_checkpoint(resumed.dirs[-1])["model"]
     assert all(torch.equal(expected[k], actual[k]) for k in expected)
+
+
+class StopAt:
+    """A ``stop`` check saying True before batch ``step`` of epoch ``epoch`` (both from 1), once."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        self.epoch, self.step, self.calls = epoch, step, 0
+        self.batches_per_epoch = math.ceil(48 / TINY_TRAIN.batch_size)  # synthetic_data's 48 training images
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.calls == (self.epoch - 1) * self.batches_per_epoch + self.step
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_resume_mid_epoch_is_bit_exact(tmp_path, step):
+    """Stopped before batch ``step`` of epoch 2 (1: at the epoch's start), checkpointed, resumed in a fresh start:
+    the epoch ends from the next batch with the weights, metrics and RNGs of the uninterrupted run."""
+    data = synthetic_data()
+    straight, first, resumed = Recorder(tmp_path / "a"), Recorder(tmp_path / "b"), Recorder(tmp_path / "c")
+    run_trial(TINY_SA, TINY_TRAIN, data, straight)
+    stopped: list[Path] = []
+
+    def keep(checkpoint_dir: Path) -> None:
+        stopped.append(tmp_path / "stopped")
+        shutil.copytree(checkpoint_dir, stopped[-1])
+
+    final = run_trial(TINY_SA, TINY_TRAIN, data, first, stop=StopAt(2, step), stopped=keep)
+    assert [m["epoch"] for m in first.metrics] == [1] and final == first.metrics[0]
+    progress = load_checkpoint(stopped[0])["epoch_progress"]
+    assert progress["steps"] == step - 1 and load_checkpoint(stopped[0])["epoch"] == 1
+    torch.manual_seed(1234)  # whatever happened in between must not matter
+    run_trial(TINY_SA, TINY_TRAIN, data, resumed, resume_from=stopped[0], stop=lambda: False, stopped=keep)
+    assert [m["epoch"] for m in resumed.metrics] == [2, 3]
+    untimed = [{k: v for k, v in m.items() if k not in ("epoch_time_s", "images_per_s")} for m in straight.metrics]
+    assert [{k: v for k, v in m.items() if k in untimed[0]} for m in resumed.metrics] == untimed[1:]
+    expected, actual = load_checkpoint(straight.dirs[-1]), load_checkpoint(resumed.dirs[-1])
+    assert all(torch.equal(expected["model"][k], actual["model"][k]) for k in expected["model"])
+    assert torch.equal(expected["rng"]["data"], actual["rng"]["data"])
+    assert actual["epoch_progress"] is None
+
+
+def test_the_recorded_progress_decides_where_the_epoch_goes_on(tmp_path):
+    """The check that can fail: epoch 1's checkpoint given a progress claiming one batch of epoch 2 done (it was not)
+    skips that batch, and the run ends with other weights than the uninterrupted one."""
+    data = synthetic_data()
+    straight, resumed = Recorder(tmp_path / "a"), Recorder(tmp_path / "b")
+    run_trial(TINY_SA, TINY_TRAIN, data, straight)
+    payload = load_checkpoint(straight.dirs[0])
+    payload["epoch_progress"] = EpochProgress(payload["rng"]["data"], 1, 0.0, 0, 0.1).state()
+    (tmp_path / "claimed").mkdir()
+    torch.save(payload, tmp_path / "claimed" / "checkpoint.pt")
+    run_trial(TINY_SA, TINY_TRAIN, data, resumed, resume_from=tmp_path / "claimed")
+    expected, actual = load_checkpoint(straight.dirs[-1]), load_checkpoint(resumed.dirs[-1])
+    assert not all(torch.equal(expected["model"][k], actual["model"][k]) for k in expected["model"])
 
 
 def test_checkpoint_contents_load_weights_only(tmp_path):
