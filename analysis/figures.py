@@ -26,7 +26,7 @@ from matplotlib.patches import Rectangle
 
 from analysis.gaussian_locality import is_degenerate
 from analysis.geometry import gaussian_contour, history_frame
-from analysis.palette import OKABE_ITO, head_style, layer_colours
+from analysis.palette import OKABE_ITO, head_marker, head_style, layer_colours
 from analysis.variants import Variant
 
 DPI = 120
@@ -187,7 +187,8 @@ def head_contours(
             for ring, style in zip(rings, ("-", ":"), strict=True):
                 if ring is not None:
                     ax.plot(ring[:, 1], ring[:, 0], color=colour, linestyle="--" if is_pruned else style, lw=1.4)
-            ax.plot(centre[1], centre[0], "x" if is_pruned else ".", color=colour, markersize=7 if is_pruned else 5)
+            marker = "x" if is_pruned else head_marker(head + 1)
+            ax.plot(centre[1], centre[0], marker, color=colour, markersize=7 if is_pruned else 5)
         _shift_axes(ax, extent)
         ax.set_title(f"layer {layer_idx + 1}")
         if layer_idx % cols:
@@ -197,6 +198,11 @@ def head_contours(
     legend = [Line2D([], [], color="0.2", lw=1.4, label=f"{int(100 * masses[0])}% mass")]
     legend.append(Line2D([], [], color="0.2", lw=1.4, linestyle=":", label=f"{int(100 * masses[1])}% mass"))
     legend.append(Line2D([], [], marker="s", color="black", markerfacecolor="0.85", linestyle="", label="query pixel"))
+    heads = max((len(layer) for layer in contours), default=0)
+    legend += [  # each head's colour and centre marker: past the palette's 9 colours the marker tells heads apart
+        Line2D([], [], color=head_style(h)[0], lw=1.4, marker=head_marker(h), markersize=5, label=f"head {h}")
+        for h in range(1, heads + 1)
+    ]
     if pruned:
         legend.append(Line2D([], [], color="0.55", lw=1.4, linestyle="--", marker="x", label="pruned head"))
     if uniform:

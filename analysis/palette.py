@@ -60,6 +60,15 @@ def head_style(head: int) -> tuple[str, str]:
     return TOL_MUTED[index % len(TOL_MUTED)], DASHES[(index // len(TOL_MUTED)) % len(DASHES)]
 
 
+HEAD_MARKERS = ("o", "^", "s")  # a head's centre in the contour figures: one shape per pass through the colours
+
+
+def head_marker(head: int) -> str:
+    """The centre marker of head ``head`` (from 1): heads 1-9 circles, 10-18 triangles, ..., so that two heads that
+    share a colour (16 heads, 9 colours) never share a marker too."""
+    return HEAD_MARKERS[((head - 1) // len(TOL_MUTED)) % len(HEAD_MARKERS)]
+
+
 def layer_colours(layers: int) -> list[str]:
     """One colour per layer along viridis, from its dark end (layer 1) to green (the last; its yellow end is left out,
     it fades on white): depth reads as a sequence, and two layers are far apart."""

@@ -93,6 +93,19 @@ def test_head_contours_mark_pruned_heads(tmp_path: Path) -> None:
     _check_png(fig, tmp_path / "fig3.png", min_size=(900, 600))
 
 
+def test_head_contours_of_16_heads_name_each_head_and_tell_them_apart(tmp_path: Path) -> None:
+    """Sixteen heads, nine palette colours: the legend names every head, and no two heads share colour and marker."""
+    centres = np.array([[row - 1.5, col - 1.5] for row in range(4) for col in range(4)])
+    geometry = [{"centres": centres, "sigma_inv": np.stack([np.eye(2) * 4.0] * 16)}]
+    fig = figures.head_contours(geometry, grid=(8, 8))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert [label for label in labels if label.startswith("head ")] == [f"head {h}" for h in range(1, 17)]
+    centre_marks = [ln for ln in fig.axes[0].get_lines() if len(ln.get_xdata()) == 1]
+    styles = {(ln.get_color(), ln.get_marker()) for ln in centre_marks}
+    assert len(centre_marks) == 16 and len(styles) == 16
+    _check_png(fig, tmp_path / "sixteen.png")
+
+
 def test_head_contours_span_the_image_shifts_only() -> None:
     geometry = [{"centres": np.array([[0.0, 1.0], [9.0, -9.0]]), "sigma_inv": np.stack([np.eye(2), np.eye(2)])}]
     assert figures.head_contours(geometry, grid=(8, 8)).axes[0].get_xlim() == (-7.5, 7.5)  # an 8x8 token grid
