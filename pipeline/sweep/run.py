@@ -70,7 +70,7 @@ def trial_run_info(config: dict[str, Any], params_json: dict[str, Any], data_has
     train = params.train.model_copy(update={"seed": seed}).model_dump(mode="json")
     if model["arch"] == "resnet18":
         train = {key: value for key, value in train.items() if key not in ATTENTION_ONLY_TRAIN}
-    run_settings = {"resources", "asha", "max_failures", "fail_once_after_epoch"}
+    run_settings = {"resources", "asha", "max_failures"}  # not the retry tests' hook (sweep.fail_once_after_epoch)
     logged = {
         "variant": variant,
         "seed": seed,
@@ -96,7 +96,8 @@ class Sweep(TrackedStage):
         commit = submitted.git_commit if submitted else git_commit(project_root)
         self.tags = {"dvc_stage": STAGE, "params_hash": self.name.removeprefix(f"{STAGE}-"), "git_commit": commit}
         self.parent_tags = submitted.tags() if submitted else {}
-        self.parent_params = flatten({"sweep": params.sweep.model_dump(mode="json"), "epochs": params.train.epochs})
+        sweep = params.sweep.model_dump(mode="json", exclude={"fail_once_after_epoch"})  # a test hook, never a param
+        self.parent_params = flatten({"sweep": sweep, "epochs": params.train.epochs})
         self.tuner_params = params
         self.dataset = PreparedDataset.of(params.data, data_hash, project_root)
         self.reused: list[TrialRecord] = []

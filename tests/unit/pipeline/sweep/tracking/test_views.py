@@ -44,6 +44,9 @@ def test_a_trial_logs_only_the_params_of_its_architecture() -> None:
     quadratic = trial_run_info({"variant": "sa_quadratic_9", "seed": 0}, dumped, "d" * 64)
     assert "model.centre_init_std" in quadratic.params and "model.learned_dim" not in quadratic.params
     assert resnet.tags["trial_key"] != quadratic.tags["trial_key"]
+    hooked = params.model_copy(update={"sweep": params.sweep.model_copy(update={"fail_once_after_epoch": 1})})
+    logged = trial_run_info({"variant": "resnet18", "seed": 0}, hooked.model_dump(mode="json"), "d" * 64).params
+    assert "sweep.max_failures" in logged and not [key for key in logged if "fail_once" in key]  # a test hook
 
 
 def test_the_ui_url_opens_the_sweeps_runs_in_model_training_mode_best_first() -> None:
