@@ -157,7 +157,7 @@ def head_contours(
     """
     pruned = set(pruned)
     rows, cols = _grid_of(len(geometry))
-    fig = Figure(figsize=(4.2 * cols + 1.6, 4.0 * rows))
+    fig = Figure(figsize=(4.2 * cols + 2.6, 4.0 * rows))  # 2.6 in on the right: the legend, one line per head
     contours = []
     uniform = {
         (layer_idx, int(head))
@@ -209,7 +209,7 @@ def head_contours(
         legend.append(Line2D([], [], color="0.45", marker="+", linestyle="", label="uniform head (no position)"))
     fig.legend(handles=legend, loc="center right", frameon=False)
     fig.suptitle(title)
-    fig.subplots_adjust(right=1 - 1.5 / fig.get_figwidth(), top=1 - 0.7 / fig.get_figheight(), hspace=0.3, wspace=0.25)
+    fig.subplots_adjust(right=1 - 2.5 / fig.get_figwidth(), top=1 - 0.7 / fig.get_figheight(), hspace=0.3, wspace=0.25)
     return fig
 
 
