@@ -31,8 +31,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from pipeline.models.attention import MultiHeadSelfAttention
-from pipeline.models.content import ContentScores
+from pipeline.models.content import ContentPositionSelfAttention
 from pipeline.models.positional import QuadraticEncoding
 
 
@@ -46,13 +45,13 @@ def local_init_centres(num_heads: int) -> Tensor:
     return torch.stack([h % k - centre, h // k - centre], dim=-1).float()  # (k^2, 2): row shift, column shift
 
 
-class GatedPositionalSelfAttention(MultiHeadSelfAttention):
+class GatedPositionalSelfAttention(ContentPositionSelfAttention):
     """ConViT's GPSA layer: quadratic positional heads started as a convolution, gated against content attention.
 
-    Built as every attention layer here, on the encoding ``build_encoding`` makes (``pipeline.models.kinds``).
+    Built as every attention layer here, on the encoding ``build_encoding`` makes (``pipeline.models.kinds``). Its
+    content scores and their pruning are the content + position layer's; it mixes the two softmaxes instead of adding
+    the scores (``probs_for``).
     """
-
-    reads_content = True
 
     def __init__(
         self,
@@ -62,8 +61,7 @@ class GatedPositionalSelfAttention(MultiHeadSelfAttention):
         attention_dropout: float = 0.0,
         bias: bool = True,
     ) -> None:
-        super().__init__(encoding, in_dim, out_dim, attention_dropout=attention_dropout, bias=bias)
-        self.content = ContentScores(encoding.num_heads, in_dim)
+        super().__init__(encoding, in_dim, out_dim, attention_dropout=attention_dropout, bias=bias)  # + content scores
         self.gating_param = nn.Parameter(torch.ones(encoding.num_heads))  # lambda_h (ConViT's name and init)
 
     @classmethod
@@ -98,10 +96,8 @@ class GatedPositionalSelfAttention(MultiHeadSelfAttention):
         return {"gate": self.gate().detach(), "centre_distance": self.encoding.centres.detach().norm(dim=-1)}
 
     def prune_heads(self, keep: list[int]) -> None:
-        super().prune_heads(keep)
-        keep = sorted(keep)
-        self.content.prune(keep)
-        self.gating_param = nn.Parameter(self.gating_param.detach()[keep].clone())
+        super().prune_heads(keep)  # the heads' encoding, values and content scores
+        self.gating_param = nn.Parameter(self.gating_param.detach()[sorted(keep)].clone())
 
 
 __all__ = ["GatedPositionalSelfAttention", "local_init_centres"]
