@@ -4,8 +4,9 @@ Scripts (``python -m benchmarks.<name> --help``): ``train_throughput``, ``trunca
 ``train_speed``, ``finding``, ``sweep_scale``, ``trial_end``, ``compile_cost``, ``trial_fixed_cost``,
 ``tracking_load``, ``sweep_overhead``, ``sweep_at_scale`` (our driver against bare Ray Tune at hundreds of trials),
 ``gpsa_cost`` (ConViT's gated heads against the quadratic ones, CPU seconds per epoch, paired), ``mlflow_ui_load``
-(the MLflow UI's load time with a thousand runs, in headless Chromium), and ``gpu_evidence`` (all of the GPU ones in
-one command for a lent GPU machine; ``gpu_evidence.sh`` runs it there).
+(the MLflow UI's load time with a thousand runs, in headless Chromium), ``gpu_evidence`` (all of the GPU ones in
+one command for a lent GPU machine; ``gpu_evidence.sh`` runs it there) and ``gpu_profile`` (where a training step's
+device time goes: busy share, top kernels).
 
 Shared by them: ``common`` (synthetic device data, the reduced CPU size, command-line conventions),
 ``authors_pattern`` (the authors' way of computing Gaussian attention: the baseline of the GPU speed-up),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import finding, gpsa_cost, gpu_sharing, train_speed, train_throughput, truncation
+from benchmarks import finding, gpsa_cost, gpu_profile, gpu_sharing, train_speed, train_throughput, truncation
 from benchmarks.gpu_sharing import WorkerResult, aggregate_images_per_s
 
 PARAMS = str(Path(__file__).resolve().parents[2] / "params.yaml")
@@ -34,6 +34,7 @@ BENCHMARKS = (
     "sweep_at_scale",
     "mlflow_ui_load",
     "gpsa_cost",
+    "gpu_profile",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -52,6 +53,7 @@ FIRST_WORK = {
     "sweep_at_scale": "prepare_dataset",
     "mlflow_ui_load": "populate",
     "gpsa_cost": "timed_epochs",
+    "gpu_profile": "profile_case",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -77,6 +79,19 @@ def test_gpsa_cost_prints_both_variants_paired(capsys: pytest.CaptureFixture[str
     rows = _table(capsys.readouterr().out, "variant")
     assert [row[0] for row in rows] == ["sa_quadratic_9", "sa_gpsa_9"]
     assert rows[0][-1] == "1.00" and all(float(row[1]) > 0 for row in rows)
+
+
+def test_gpu_profile_prints_each_case_with_its_top_operators(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--params", PARAMS, "--variants", "sa_quadratic_9", "resnet18", "--paths", "plain"]
+    assert gpu_profile.main([*argv, "--batch-sizes", "2", "--steps", "1", "--profiled-steps", "1", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    cases = re.findall(
+        r"^(\S+) / (\S+) / batch (\d+): ([\d,.]+) images/s, .* MFU ([\d.]+) %, device busy (\d+) %", out, re.M
+    )
+    assert [case[:3] for case in cases] == [("sa_quadratic_9", "plain", "2"), ("resnet18", "plain", "2")]
+    assert all(_number(case[3]) > 0 and float(case[4]) > 0 and 0 < int(case[5]) <= 100 for case in cases)
+    shares = [float(share) for share in re.findall(r"^ +([\d.]+)% +[\d.]+  \S", out, re.M)]
+    assert len(shares) == 6 and all(0 < share <= 100 for share in shares)
 
 
 def test_train_throughput_prints_every_model_and_path(capsys: pytest.CaptureFixture[str]) -> None:
@@ -255,6 +270,10 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("gpsa_cost", ["--params", PARAMS, "--variants", "sa_gpsa_9", "nonsense"], "--variants: unknown ['nonsense']"),
         ("gpsa_cost", ["--params", PARAMS, "--variants", "sa_gpsa_9"], "--variants: name at least two"),
         ("gpsa_cost", ["--pairs", "0"], "--pairs"),
+        ("gpu_profile", ["--params", PARAMS, "--variants", "sa_quadratic_9", "nonsense"], "--variants: unknown ['nons"),
+        ("gpu_profile", ["--params", "{typo}"], "train.epoch: unknown key"),
+        ("gpu_profile", ["--params", PARAMS, "--paths", "fast"], "--paths"),
+        ("gpu_profile", ["--params", PARAMS, "--batch-sizes", "100", "0"], "--batch-sizes"),
         ("gpsa_cost", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("train_throughput", ["--steps", "0"], "--steps"),
         ("train_throughput", ["--batch-size", "0"], "--batch-size"),
