@@ -368,7 +368,9 @@ def _check_resumable(checkpoint: dict, model_cfg: ModelConfig, train_cfg: TrainC
 def _log_epoch(metrics: dict[str, float], epochs: int) -> None:
     log.info(
         "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  lr %.5f  %.1f s  %.0f img/s",
-        *(metrics[key] for key in ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr")),
+        metrics["epoch"],
+        epochs,
+        *(metrics[key] for key in ("train_loss", "train_acc", "test_loss", "test_acc", "lr")),
         metrics["epoch_time_s"],
         metrics["images_per_s"],
     )

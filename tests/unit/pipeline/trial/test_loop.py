@@ -457,3 +457,13 @@ def test_augmentation_without_flips_only_crops() -> None:
         assert any(torch.equal(out[i], crop[i]) for crop in crops), f"image {i} is not an unflipped crop"
     flipped = augment_batch(images, 1, torch.Generator().manual_seed(0), hflip=True)
     assert not torch.equal(flipped, out)  # same crops, some of them flipped
+
+
+def test_each_epoch_logs_one_line_with_its_place_in_the_schedule(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = {"epoch": 3, "train_loss": 1.5, "train_acc": 0.4, "test_loss": 1.25, "test_acc": 0.5, "lr": 0.01}
+    with caplog.at_level("INFO", logger=train.log.name):
+        train._log_epoch({**metrics, "epoch_time_s": 2.5, "images_per_s": 575.0}, epochs=40)
+    [record] = [r for r in caplog.records if r.name == train.log.name]
+    assert record.getMessage() == (
+        "epoch 3/40  train loss 1.5000 acc 0.4000  test loss 1.2500 acc 0.5000  lr 0.01000  2.5 s  575 img/s"
+    )
