@@ -31,6 +31,7 @@ from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import RESUME, TrialDecision
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.callback import MlflowTrialCallback
+from pipeline.sweep.tracking.parent import parent_finished
 from pipeline.sweep.tracking.system_metrics import MetricsTarget, train_with_system_metrics
 from pipeline.sweep.worker_deaths import count_worker_deaths_as_failures
 from pipeline.trial.trainable import train_trial
@@ -63,6 +64,14 @@ def restorable(path: StoragePath) -> bool:
         )
         return False
     return True
+
+
+def interrupted(path: StoragePath, tracking_uri: str) -> bool:
+    """Whether the sweep at ``path`` is one to restore: Tune's state there is restorable by this driver and its parent
+    run did not end FINISHED. A finished sweep is never restored: its trials are looked up and reused like any finished
+    run, so the dry run's plan, the run's log and the manifest's counts all say "reuse" (restoring it would replay its
+    first run's "train" decisions, count every trial as trained and train nothing)."""
+    return restorable(path) and not parent_finished(path, tracking_uri)
 
 
 def trial_config(decision: TrialDecision) -> dict[str, Any]:
