@@ -394,3 +394,16 @@ def test_a_fraction_leaving_a_class_empty_is_refused_naming_the_key(tiny_cifar10
 def test_a_fraction_outside_0_1_is_refused_naming_the_key(fraction):
     with pytest.raises(ValueError, match="validation_fraction"):
         DataConfig(dataset="digits", validation_fraction=fraction)
+
+
+def test_stage_writes_the_validation_set_the_analysis_reads_back(tmp_path, monkeypatch):
+    from stages.analyze import validation_set_size
+
+    monkeypatch.chdir(tmp_path)
+    assert prepare_stage.main(["--params", str(_write_params(tmp_path / "p.yaml", validation_fraction=0.1))]) == 0
+    manifest = json.loads((tmp_path / "data/prepared/manifest.json").read_text())
+    held_out = len(load_prepared(tmp_path / "data/prepared").val_labels)
+    assert manifest["num_val"] == held_out == validation_set_size(tmp_path / "data/prepared")
+    assert manifest["num_val"] + manifest["num_train"] == 1437 and 140 <= held_out <= 150  # 10 % per class, rounded
+    assert prepare_stage.main(["--params", str(_write_params(tmp_path / "p.yaml", validation_fraction=0))]) == 0
+    assert not (tmp_path / "data/prepared/val.pt").exists() and validation_set_size(tmp_path / "data/prepared") is None
