@@ -3,4 +3,5 @@
 - ``prepared``   the prepared dataset in memory and on disk (``data/prepared``): what every trial loads
 - ``sources``    the embedded offline digits and the dispatch to CIFAR-10, as ``PreparedData``
 - ``cifar10``    the paper's dataset through torchvision's own loader, never downloading
+- ``validation`` a class-stratified validation set carved from the training set (``data.validation_fraction``)
 """

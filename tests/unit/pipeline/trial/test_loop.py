@@ -33,7 +33,7 @@ from pipeline.trial.loop import (
     build_scheduler,
     run_trial,
 )
-from pipeline.trial.report import LOCALITY_METRICS, METRIC_KEYS
+from pipeline.trial.report import LOCALITY_METRICS, METRIC_KEYS, VALIDATION_KEYS, epoch_metrics
 
 PARAMS = Path(__file__).resolve().parents[4] / "params.yaml"
 TINY_SA = ModelConfig(hidden=8, layers=2, heads=4, ffn=16, learned_dim=8, resnet_width=4)
@@ -321,6 +321,22 @@ def test_checkpoint_contents_load_weights_only(tmp_path):
     assert len(checkpoint["metrics_history"]) == 3
 
 
+def test_a_validation_set_is_evaluated_every_epoch_after_the_test_set():
+    """Validation images identical to the test images must score exactly as the test set, epoch by epoch."""
+    plain = synthetic_data()
+    data = dataclasses.replace(plain, val_images=plain.test_images.clone(), val_labels=plain.test_labels.clone())
+    reports: list[dict[str, float]] = []
+    run_trial(TINY_SA, TINY_TRAIN, data, lambda m, _: reports.append(m))
+    for report in reports:
+        keys = tuple(report)
+        assert keys[: len(METRIC_KEYS) + 2] == METRIC_KEYS + VALIDATION_KEYS == METRIC_KEYS + ("val_acc", "val_loss")
+        assert (report["val_acc"], report["val_loss"]) == (report["test_acc"], report["test_loss"])
+        assert set(VALIDATION_KEYS) <= epoch_metrics(report).keys()  # what the driver logs to MLflow
+    without: list[dict[str, float]] = []
+    run_trial(TINY_SA, TINY_TRAIN.model_copy(update={"epochs": 1}), plain, lambda m, _: without.append(m))
+    assert not set(VALIDATION_KEYS) & without[0].keys()
+
+
 def test_head_history_has_init_and_every_epoch(tmp_path):
     recorder = Recorder(tmp_path)
     run_trial(TINY_SA, TINY_TRAIN, synthetic_data(), recorder)
@@ -428,6 +444,8 @@ def test_compile_matches_eager_and_keeps_eager_checkpoint_names(tmp_path, monkey
     cfg = TINY_TRAIN.model_copy(update={"epochs": 1})
     model_cfg = TINY_SA.model_copy(update={"dropout": 0.0, "attention_dropout": 0.0})  # Inductor draws its own masks
     data = synthetic_data(n_train=40, n_test=40)  # batches of 16, 16, 8 and 32, 8: partial last batches
+    val = synthetic_data(n_train=20, n_test=1)  # a validation set of 20: another eval batch shape to warm up
+    data = dataclasses.replace(data, val_images=val.train_images, val_labels=val.train_labels)
     eager, compiled = Recorder(tmp_path / "eager"), Recorder(tmp_path / "compiled")
     run_trial(model_cfg, cfg, data, eager)
     graphs_after_warm_up = []
@@ -442,7 +460,7 @@ def test_compile_matches_eager_and_keeps_eager_checkpoint_names(tmp_path, monkey
     run_trial(model_cfg, cfg.model_copy(update={"compile": True}), data, compiled)
     # every batch shape was compiled before the timed epoch: epoch_time_s holds no compilation
     assert graphs_after_warm_up == [counters["stats"]["unique_graphs"]]
-    for key in ("train_loss", "test_loss"):
+    for key in ("train_loss", "test_loss", "val_loss"):
         assert compiled.metrics[0][key] == pytest.approx(eager.metrics[0][key], rel=1e-4)
     assert load_checkpoint(compiled.dirs[0])["model"].keys() == load_checkpoint(eager.dirs[0])["model"].keys()
     assert isinstance(model_from_checkpoint(compiled.dirs[0]), torch.nn.Module)
