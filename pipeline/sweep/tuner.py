@@ -5,8 +5,9 @@ Why it is built this way:
 - A trial's config is ``{"variant", "seed", "resume_from", "resume_run"}`` (and the prune stage's ``init_from``):
   small, and the seed is in ``param_space`` (reproducible); the progress table shows only variant and seed of it.
   The validated params (as JSON) and the dataset go through the object store (``with_parameters``); the trainable
-  (``pipeline.trial.trainable``) rebuilds its typed config from them (``params.model_for(variant)``, ``params.train``
-  with the seed) without reading any file. They cannot drift on restore: the experiment name is their hash.
+  (``pipeline.trial.trainable``) rebuilds its typed config from them (``params.model_for(variant)``,
+  ``params.train_for(variant)`` with the seed) without reading any file. They cannot drift on restore: the
+  experiment name is their hash.
 - Every epoch reports with a checkpoint; a failed trial is retried from it (``FailureConfig``) and an interrupted run
   is restored (``Tuner.restore``) because the experiment name is a hash of what it runs and ``storage_path`` is
   absolute. Trials never use their working directory: Ray moves them into scratch directories.

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.config import ModelConfig, TrainConfig
+from pipeline.data.subset import class_balanced_subset
 from pipeline.trial.checkpoint import (
     EpochProgress,
     Trial,
@@ -366,6 +367,7 @@ def _check_resumable(checkpoint: dict, model_cfg: ModelConfig, train_cfg: TrainC
         raise ValueError("resume_from: the checkpoint's model_config differs from the trial's")
     free = {"device", "eval_batch_size"}  # may change between machines without changing the experiment
     saved = {k: v for k, v in checkpoint["train_config"].items() if k not in free}
+    saved.setdefault("data_fraction", 1.0)  # a checkpoint from before the field trained on all the data
     if saved != {k: v for k, v in train_cfg.model_dump().items() if k not in free}:
         raise ValueError(f"resume_from: the checkpoint's train_config differs from the trial's (except {sorted(free)})")
 
@@ -425,6 +427,9 @@ def run_trial(
         stop: asked before every batch; when it returns True the trial writes a checkpoint of the epoch in progress,
             hands it to ``stopped(checkpoint_dir)`` and returns (``resume_from`` that checkpoint finishes the epoch).
 
+    ``train_cfg.data_fraction`` < 1 trains on that class-balanced fraction of ``data``'s training set, drawn from
+    ``train_cfg.seed`` (``pipeline.data.subset``); the test set and the locality batch stay whole.
+
     Metrics (``METRIC_KEYS``, scalars): ``epoch`` counts completed epochs (an int, from 1); ``train_loss`` and
     ``train_acc`` average the epoch's training batches (dropout and augmentation on); ``test_*`` come from one
     evaluation in eval mode after the epoch, and so do ``val_acc`` and ``val_loss`` (``VALIDATION_KEYS``, after
@@ -443,6 +448,13 @@ def run_trial(
     if resume is not None:
         _check_resumable(resume, model_cfg, train_cfg)
     init = load_checkpoint(init_from) if init_from is not None else None
+    if train_cfg.data_fraction < 1.0:  # epochs shrink with it: the schedule's steps per epoch count the subset
+        data = class_balanced_subset(data, train_cfg.data_fraction, train_cfg.seed)
+        log.info(
+            "training on %d images (train.data_fraction %g of every class)",
+            len(data.train_labels),
+            train_cfg.data_fraction,
+        )
     trial = _start(model_cfg, train_cfg, data, device, resume=resume, init=init, heads_per_layer=heads_per_layer)
     on_device = DeviceData.from_prepared(data, device)
     initial: dict[str, float] = {}  # epoch 0's locality summary, sent once with epoch 1's report

@@ -15,6 +15,7 @@ import torch.nn.functional as F  # noqa: N812
 from pipeline.config import ModelConfig, TrainConfig, load_params
 from pipeline.data.prepared import PreparedData
 from pipeline.data.sources import prepare_dataset
+from pipeline.data.subset import subset_size
 from pipeline.models import build_model
 from pipeline.trial import loop as train
 from pipeline.trial.checkpoint import (
@@ -111,6 +112,18 @@ def test_epoch_schedule_trains_epoch_zero_at_lr_zero():
     lrs: list[float] = []
     run_trial(TINY_SA, cfg, synthetic_data(), lambda m, _: lrs.append(m["lr"]))
     assert lrs == pytest.approx([0.0, 0.5 * cfg.lr, cfg.lr, 0.5 * cfg.lr])
+
+
+def test_a_data_fraction_trains_shorter_epochs_on_its_subset():
+    """train.data_fraction 0.5: every epoch passes over the class-balanced half (pipeline.data.subset), so the schedule
+    has half the steps."""
+    data = synthetic_data(n_train=64)
+    cfg = TINY_TRAIN.model_copy(update={"epochs": 2, "data_fraction": 0.5, "schedule": "step", "warmup_fraction": 0.5})
+    reports: list[dict[str, float]] = []
+    run_trial(TINY_SA, cfg, data, lambda m, _: reports.append(m))
+    kept = subset_size(data.train_labels, 0.5)
+    assert kept < 64
+    assert [round(m["images_per_s"] * m["epoch_time_s"]) for m in reports] == [kept, kept]
 
 
 # --- optimiser groups ---
