@@ -47,9 +47,9 @@ def finish(
     describe: Callable[[Any], None],
     log: logging.Logger,
 ) -> int:
-    """Write the manifest, ``metrics.json`` and ``test_acc.json`` into ``out_dir``, ``describe`` each model in the log; the exit code: 130
-    when interrupted (nothing written), 1 when a fine-tuning failed, ``EXIT_TRACKING_BUFFERED`` while MLflow writes
-    wait for the server, else 0."""
+    """Write the manifest, ``metrics.json`` and ``test_acc.json`` into ``out_dir``, ``describe`` each model in the
+    log; the exit code: 130 when interrupted (nothing written), 1 when a fine-tuning failed,
+    ``EXIT_TRACKING_BUFFERED`` while MLflow writes wait for the server, else 0."""
     if outcome.interrupted:
         say_buffered(outcome.tracked)
         return 130
