@@ -1,15 +1,21 @@
-"""The project as a user's checkout holds it: the working tree's git-tracked and not-ignored files.
+"""The project as a user's checkout holds it: the working tree's git-tracked and not-ignored files, and of those the
+reference ``make baseline`` commits.
 
 One definition for the tests that need it: the integration and cluster tests copy it into a temporary git repository
-where the real ``dvc`` and stages run; the layout test reads every file of it.
+where the real ``dvc`` and stages run; the layout test reads every file of it; the baseline tests read the Makefile's
+list of the reference files.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,3 +42,38 @@ def copy_project(destination: Path, root: Path = ROOT, leave_out: Iterable[str] 
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / name, destination / name)
     return destination
+
+
+def baseline_files(root: Path = ROOT) -> list[str]:
+    """The files ``make baseline`` commits as the reference runs are compared against: the Makefile's ``BASELINE``
+    (its continued lines joined), in its order."""
+    makefile = (root / "Makefile").read_text().replace("\\\n", " ")
+    listed = re.search(r"^BASELINE := (.+)$", makefile, re.MULTILINE)
+    if listed is None:
+        raise ValueError(f"{root / 'Makefile'}: no 'BASELINE := ...' line")
+    return listed.group(1).split()
+
+
+def baseline_mismatches(root: Path = ROOT) -> list[str]:
+    """What makes the reference committed at ``root``'s HEAD other than one run on its committed params: a stage of
+    dvc.yaml the lock lacks, a stage whose params in the lock are not params.yaml's, a metrics file whose md5 is not
+    the one the lock records (a lock of another run, or of older params, makes unchanged params and dependencies
+    compare as changed)."""
+
+    def committed(path: str) -> str:
+        shown = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, text=True, check=True)
+        return shown.stdout
+
+    stages = yaml.safe_load(committed("dvc.yaml"))["stages"]
+    lock = yaml.safe_load(committed("dvc.lock"))["stages"]
+    params = yaml.safe_load(committed("params.yaml"))
+    found = [f"dvc.lock: no stage {name!r}" for name in stages.keys() - lock.keys()]
+    recorded = {}
+    for name, stage in lock.items():
+        if stage.get("params", {}).get("params.yaml") != {key: params[key] for key in stages[name].get("params", [])}:
+            found.append(f"dvc.lock: stage {name!r} ran on other params than params.yaml's")
+        recorded.update({out["path"]: out.get("md5") for out in stage.get("outs", [])})
+    for path in baseline_files(root):
+        if path != "dvc.lock" and recorded.get(path) != hashlib.md5(committed(path).encode()).hexdigest():
+            found.append(f"{path}: not the file dvc.lock records")
+    return found
