@@ -35,7 +35,8 @@ def project_files(root: Path = ROOT) -> list[str]:
 
 def copy_project(destination: Path, root: Path = ROOT, leave_out: Iterable[str] = ("dvc.lock",)) -> Path:
     """Copy ``project_files(root)`` into ``destination`` (created if needed), without ``leave_out``: ``dvc.lock``
-    by default, so the copy's first ``dvc repro`` runs its stages."""
+    by default (a committed one records the default's run, not the copy's), so the copy's first ``dvc repro`` runs
+    its stages."""
     skipped = set(leave_out)
     for name in project_files(root):
         if name not in skipped:
