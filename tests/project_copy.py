@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
+from ruamel.yaml import YAML
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,9 +66,10 @@ def baseline_mismatches(root: Path = ROOT) -> list[str]:
         shown = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, text=True, check=True)
         return shown.stdout
 
+    dvc_yaml = YAML(typ="safe", pure=True)  # YAML 1.2, as DVC reads params and writes the lock (1e-4 is a float)
     stages = yaml.safe_load(committed("dvc.yaml"))["stages"]
-    lock = yaml.safe_load(committed("dvc.lock"))["stages"]
-    params = yaml.safe_load(committed("params.yaml"))
+    lock = dvc_yaml.load(committed("dvc.lock"))["stages"]
+    params = dvc_yaml.load(committed("params.yaml"))
     found = [f"dvc.lock: no stage {name!r}" for name in stages.keys() - lock.keys()]
     recorded = {}
     for name, stage in lock.items():
