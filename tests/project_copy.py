@@ -73,8 +73,10 @@ def baseline_mismatches(root: Path = ROOT) -> list[str]:
     found = [f"dvc.lock: no stage {name!r}" for name in stages.keys() - lock.keys()]
     recorded = {}
     for name, stage in lock.items():
-        if stage.get("params", {}).get("params.yaml") != {key: params[key] for key in stages[name].get("params", [])}:
-            found.append(f"dvc.lock: stage {name!r} ran on other params than params.yaml's")
+        ran = stage.get("params", {}).get("params.yaml", {})
+        for key in stages[name].get("params", []):
+            if ran.get(key) != params[key]:
+                found.append(f"dvc.lock: stage {name!r} ran on {key}={ran.get(key)!r}; params.yaml: {params[key]!r}")
         recorded.update({out["path"]: out.get("md5") for out in stage.get("outs", [])})
     for path in baseline_files(root):
         if path != "dvc.lock" and recorded.get(path) != hashlib.md5(committed(path).encode()).hexdigest():

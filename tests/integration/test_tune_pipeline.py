@@ -433,7 +433,8 @@ def test_dvc_exp_show_compares_an_experiment_on_one_screen(swept: dict, project:
     project.dvc("repro")  # its outputs (a restore: nothing retrains)
     project.run("git", "add", *baseline_files())  # what `make baseline` stages
     project.run("git", "commit", "-q", "-m", "baseline")
-    assert baseline_mismatches(project.path) == []  # as tests/unit/test_baseline.py wants the repository's
+    mismatches = baseline_mismatches(project.path)  # as tests/unit/test_baseline.py wants the repository's
+    assert not mismatches, "\n".join(mismatches)
     project.dvc("exp", "run", "--name", "epochs1", "--set-param", "train.epochs=1")
     results = project.path / "results"
     variants = [

@@ -92,4 +92,5 @@ def test_the_committed_numbers_are_those_of_the_committed_params() -> None:
 def test_the_committed_lock_is_the_committed_reference_run() -> None:
     """One run wrote the lock and the metrics files, on the committed params: tests/integration/test_tune_pipeline.py
     checks the same of a reference a real ``dvc repro`` made."""
-    assert baseline_mismatches(ROOT) == []
+    mismatches = baseline_mismatches(ROOT)
+    assert not mismatches, "\n".join(mismatches)
