@@ -15,6 +15,8 @@
 - ``palette``            one colour per variant name, everywhere
 - ``transform_report``   the section on the trained ResNet18 rebuilt as attention
 - ``beyond_paper``       the section on attention that reads the content (ConViT's GPSA) beside the quadratic model
+- ``data_size``          the section on accuracy and layer-1 locality against ``train.data_fraction``, per encoding,
+                         when the sweep has that axis
 - ``cka``                linear CKA (Kornblith et al. 2019); ``cka_report``: its matrices, heat-maps and section
 - ``report``             ``results/report.md``: the setting, the tables, every figure with a sentence
 - ``plots_template``     the page template of ``dvc plots show`` with Vega inlined, so the plots draw offline

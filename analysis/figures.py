@@ -1,5 +1,6 @@
 """The paper's figures (2, 3/7/10, 4/8, 6, Theorem 1) and those beyond it (locality during training,
-convolution-likeness, ConViT's gates), as matplotlib Figures for any variant of a study.
+convolution-likeness, ConViT's gates, accuracy and locality against the data size), as matplotlib Figures for any
+variant of a study.
 
 Built on ``matplotlib.figure.Figure`` directly (never pyplot's global figures); seaborn draws onto its axes (lines
 with a min-max band over seeds, annotated heat maps). Shifts are drawn as on the image: column shift to the right,
@@ -359,6 +360,48 @@ def locality_curves(
         handles.append(Line2D([], [], color="0.35", linestyle=":", label=threshold[1]))
     fig.legend(handles=handles, loc="outside right upper", frameon=False, fontsize=9)
     fig.suptitle(f"Locality during training: {label}, each layer's mean over its heads")
+    return fig
+
+
+def data_size_curves(frame: pd.DataFrame) -> Figure:
+    """Beyond the paper: final test accuracy and layer 1's mean attention distance against the training data fraction,
+    one line per encoding (mean over seeds, a min-max band when several; dots: each run). ``frame``: encoding,
+    data_fraction, seed, test_acc, layer1_distance (NaN for a model without attention)."""
+    fig = Figure(figsize=(11.0, 4.2), layout="constrained")
+    acc_ax, dist_ax = fig.subplots(1, 2)
+    encodings = list(dict.fromkeys(frame["encoding"]))
+    palette = dict(zip(encodings, [OKABE_ITO[i % len(OKABE_ITO)] for i in range(len(encodings))], strict=True))
+    data = frame.assign(test_acc=100 * frame["test_acc"])
+    for ax, column, label in (
+        (acc_ax, "test_acc", "final test accuracy (%)"),
+        (dist_ax, "layer1_distance", "layer 1: mean attention distance (tokens)"),
+    ):
+        shown = data.dropna(subset=[column])
+        if len(shown):
+            sns.lineplot(
+                data=shown,
+                x="data_fraction",
+                y=column,
+                hue="encoding",
+                hue_order=[e for e in encodings if e in set(shown["encoding"])],
+                palette=palette,
+                estimator="mean",
+                errorbar=("pi", 100),
+                marker="o",
+                linewidth=1.8,
+                ax=ax,
+            )
+            sns.scatterplot(data=shown, x="data_fraction", y=column, hue="encoding", palette=palette, s=14,
+                            alpha=0.5, legend=False, ax=ax)  # fmt: skip
+            ax.legend(fontsize=9, frameon=False)
+        ax.set_xscale("log", base=2)  # data sizes halve and double
+        ax.set_xticks(
+            sorted(frame["data_fraction"].unique()), [f"{f:g}" for f in sorted(frame["data_fraction"].unique())]
+        )
+        ax.set_xlabel("train.data_fraction (of every class)")
+        ax.set_ylabel(label)
+        ax.grid(True, color="0.9")
+    fig.suptitle("Accuracy and layer-1 locality against the training data size, per encoding")
     return fig
 
 

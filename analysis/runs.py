@@ -38,7 +38,7 @@ from pipeline.trial.report import CHECKPOINT_FILE, LOCALITY_METRICS
 log = logging.getLogger(__name__)
 
 CHECKPOINT_ARTIFACT = "checkpoint"  # the folder pipeline.sweep.tracking uploads (checkpoint.pt and the histories)
-HISTORY_KEYS = ("test_acc", "train_loss")
+HISTORY_KEYS = ("test_acc", "train_loss", "val_acc")  # val_acc: only runs trained with a validation set have it
 MISSING = "missing"  # status of a run the manifest names but MLflow does not have
 CURVE_COLUMNS = ["variant", "seed", "epoch", "test_acc"]
 
@@ -57,7 +57,8 @@ class LoadedRun:
     tags: dict[str, str] = field(default_factory=dict)  # the run's MLflow tags (device, device_name, ...)
     history: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["epoch", *HISTORY_KEYS]))
     test_acc: float = math.nan  # last epoch
-    best_test_acc: float = math.nan
+    best_test_acc: float = math.nan  # the best over epochs: an epoch selected on the test set, as the authors did
+    val_selected_test_acc: float = math.nan  # test_acc at the epoch of highest val_acc (runs with a validation set)
     epochs: float = math.nan  # last step logged (fine-tuning epochs for a pruned model)
     checkpoint_dir: Path | None = None  # the artifact folder (read in place when local, else downloaded): read only
     model: nn.Module | None = None
@@ -108,6 +109,7 @@ class LoadedStudy:
                 "status": r.status,
                 "test_acc": r.test_acc,
                 "best_test_acc": r.best_test_acc,
+                "val_selected_test_acc": r.val_selected_test_acc,
                 "epochs": r.epochs,
                 "params": r.n_params,
                 "flops_paper": r.flops_paper,
@@ -179,6 +181,15 @@ def cast_param(value: str) -> Any:
         except ValueError:
             pass
     return value
+
+
+def val_selected(history: pd.DataFrame) -> float:
+    """``test_acc`` at the epoch of highest ``val_acc`` (the earliest on a tie): the best epoch chosen without looking
+    at the test set. NaN for a run without validation metrics."""
+    logged = history.dropna(subset=["val_acc", "test_acc"]) if "val_acc" in history else history.iloc[0:0]
+    if logged.empty:
+        return math.nan
+    return float(logged.loc[logged["val_acc"].idxmax(), "test_acc"])
 
 
 def _history(client: MlflowClient, run_id: str) -> pd.DataFrame:
@@ -257,6 +268,7 @@ def fetch(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) ->
     if len(accs):
         record.test_acc = float(accs.iloc[-1])
         record.best_test_acc = float(accs.max())
+        record.val_selected_test_acc = val_selected(record.history)
         record.epochs = float(record.history.loc[accs.index[-1], "epoch"])
     else:
         record.note("no test_acc logged")

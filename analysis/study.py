@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from analysis import figures
 from analysis.beyond_paper import write_beyond_paper
 from analysis.cka_report import write_cka
+from analysis.data_size import write_data_size
 from analysis.gaussian_locality import CONV_LIKE_MAX_DISTANCE, CONV_LIKE_RULE
 from analysis.geometry import HEADS_COLUMNS, heads_frame
 from analysis.head_motion import (
@@ -831,8 +832,9 @@ def write_outputs(
     labels = {v.name: v.label for v in variants}
     cka, cka_tables = write_cka(study, images, layout.tables, fx.add, labels)
     beyond, beyond_tables = write_beyond_paper(study, variants, paper_fig2, locality, layout.tables, fx.add)
-    sections += [*([transformed] if transformed else []), cka, *([beyond] if beyond else [])]
-    outputs.files["tables"] += [*transform_tables, *cka_tables, *beyond_tables]
+    data_size, data_size_tables = write_data_size(study, locality, layout.tables, fx.add)
+    sections += [*([transformed] if transformed else []), cka, *(s for s in (beyond, data_size) if s)]
+    outputs.files["tables"] += [*transform_tables, *cka_tables, *beyond_tables, *data_size_tables]
     quoted = quoted_table().to_markdown(index=False, disable_numparse=True)
     report = render_report(
         setting, table_md, outputs.figures, outputs.skipped, notes, sections, not_run, quoted,

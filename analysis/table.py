@@ -29,6 +29,7 @@ RUN_COLUMNS = [
     "status",
     "test_acc",
     "best_test_acc",
+    "val_selected_test_acc",
     "epochs",
     "params",
     "flops_paper",
@@ -39,6 +40,10 @@ INTEGER_COLUMNS = ["seed", "n", "epochs", "params", "paper_params", "flops_paper
 FLOPS_PAPER_LABEL = "paper convention: 2 x MACs of Linear/Conv"
 FLOPS_FULL_LABEL = "full count"
 BEST_LABEL = "best-epoch test acc % (selected on the test set, as the authors did)"
+# With a validation set (``data.validation_fraction``) the best epoch is selected honestly, on validation accuracy, and
+# the authors' protocol keeps its column beside it under this label.
+VAL_SELECTED_LABEL = "best-epoch test acc % (epoch selected on validation)"
+TEST_SELECTED_LABEL = "best-epoch test acc % (test-selected, as the authors)"
 NOT_IN_PAPER = "not in the paper"
 
 # Formatted column names, in order (numeric table columns are documented in ``accuracy_table``).
@@ -60,7 +65,15 @@ def _complete_columns(runs: pd.DataFrame | None) -> pd.DataFrame:
     for column in RUN_COLUMNS:
         if column not in frame.columns:
             frame[column] = np.nan
-    for column in ("test_acc", "best_test_acc", "epochs", "params", "flops_paper", "flops_full"):
+    for column in (
+        "test_acc",
+        "best_test_acc",
+        "val_selected_test_acc",
+        "epochs",
+        "params",
+        "flops_paper",
+        "flops_full",
+    ):
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
     frame["status"] = frame["status"].map(lambda s: s.lower() if isinstance(s, str) else "")  # NaN/None -> ""
     frame["variant"] = frame["variant"].astype(str)
@@ -78,6 +91,11 @@ def _first(values: pd.Series) -> float:
     """The variant's size (identical over seeds), NaN when no run reported it."""
     values = values.dropna()
     return float(values.iloc[0]) if len(values) else math.nan
+
+
+def _mean(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.mean()) if len(values) else math.nan
 
 
 def _std(values: pd.Series) -> float:
@@ -117,6 +135,9 @@ def _variant_row(
         "test_acc_high": high,
         "best_test_acc_mean": float(finished["best_test_acc"].mean()) if len(finished) else math.nan,
         "best_test_acc_std": _std(finished["best_test_acc"].dropna()),
+        "val_selected_test_acc_mean": _mean(finished["val_selected_test_acc"]),
+        "val_selected_test_acc_std": _std(finished["val_selected_test_acc"].dropna()),
+        "val_selected_n": int(finished["val_selected_test_acc"].notna().sum()),
         "in_paper": paper is not None,
         "paper_acc": math.nan if paper is None or paper.accuracy is None else paper.accuracy,
         "comparable": True,
@@ -144,11 +165,13 @@ def accuracy_table(
     """One row per variant (``variants``, default: every variant of ``runs``), in that order, from one row per run.
 
     ``runs`` columns (missing ones count as NaN): variant, seed, status (the sweep's label; only ``finished``
-    runs with a test_acc count), test_acc (final epoch), best_test_acc, epochs (completed), params, flops_paper,
-    flops_full. Runs with fewer than ``expected_epochs`` are left out.
+    runs with a test_acc count), test_acc (final epoch), best_test_acc (best over epochs: selected on the test set),
+    val_selected_test_acc (test_acc at the epoch of best val_acc; NaN without a validation set), epochs (completed),
+    params, flops_paper, flops_full. Runs with fewer than ``expected_epochs`` are left out.
 
     Returns columns: variant, model (display name), n, test_acc_mean, test_acc_std, best_test_acc_mean,
-    best_test_acc_std, in_paper, paper_acc, params, paper_params, flops_paper, paper_flops, flops_full, note; the
+    best_test_acc_std, val_selected_test_acc_mean, val_selected_test_acc_std, val_selected_n (runs with validation
+    metrics), in_paper, paper_acc, params, paper_params, flops_paper, paper_flops, flops_full, note; the
     paper's columns are NaN for a model the paper does not have (or a figure it does not give).
     """
     frame = _complete_columns(runs)
@@ -165,6 +188,9 @@ def accuracy_table(
             "test_acc_high",
             "best_test_acc_mean",
             "best_test_acc_std",
+            "val_selected_test_acc_mean",
+            "val_selected_test_acc_std",
+            "val_selected_n",
             "in_paper",
             "paper_acc",
             "comparable",
@@ -235,9 +261,19 @@ def _beside(ours: str, paper: str, in_paper: bool) -> str:
     return f"{ours} / {paper}" if in_paper else ours
 
 
+def has_validation(table: pd.DataFrame) -> bool:
+    """Whether any variant's runs were trained with a validation set (so a best epoch was selected on it)."""
+    return "val_selected_n" in table and bool((table["val_selected_n"].fillna(0) > 0).any())
+
+
 def format_table(table: pd.DataFrame) -> pd.DataFrame:
     """The numeric table as display strings (accuracies in %, params exact, FLOPs with k/M/G), the paper's figures
-    beside ours for the paper's models and "not in the paper" for the others; a missing number is "–"."""
+    beside ours for the paper's models and "not in the paper" for the others; a missing number is "–".
+
+    When runs had a validation set, the best epoch is the one of highest validation accuracy (``VAL_SELECTED_LABEL``)
+    and the authors' test-selected best keeps its column beside it (``TEST_SELECTED_LABEL``); without one the columns
+    are ``DISPLAY_COLUMNS``."""
+    validation = has_validation(table)
     rows = []
     for row in table.to_dict("records"):
         n, in_paper = int(row["n"]), bool(row["in_paper"])
@@ -249,6 +285,7 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
             [
                 row["model"],
                 _pct(row["test_acc_mean"], row["test_acc_std"], n) + interval if n else "–",
+                *([_val_selected(row)] if validation else []),
                 _pct(row["best_test_acc_mean"], row["best_test_acc_std"], n) if n else "–",
                 paper_acc if in_paper else NOT_IN_PAPER,
                 _beside(_exact(row["params"]), _exact(row["paper_params"]), in_paper),
@@ -257,7 +294,17 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
                 row["note"],
             ]
         )
-    return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)
+    if not validation:
+        return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)
+    best = DISPLAY_COLUMNS.index(BEST_LABEL)
+    return pd.DataFrame(
+        rows, columns=[*DISPLAY_COLUMNS[:best], VAL_SELECTED_LABEL, TEST_SELECTED_LABEL, *DISPLAY_COLUMNS[best + 1 :]]
+    )
+
+
+def _val_selected(row: Mapping[str, Any]) -> str:
+    n = int(row.get("val_selected_n", 0) or 0)
+    return _pct(row["val_selected_test_acc_mean"], row["val_selected_test_acc_std"], n) if n else "–"
 
 
 def to_markdown(table: pd.DataFrame, setting: Mapping[str, Any]) -> str:

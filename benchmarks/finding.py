@@ -132,7 +132,7 @@ def train_variant(
 ) -> tuple[dict[str, float], list[dict]]:
     """One trial of ``variant``; returns its final metrics with CPU and wall seconds, and its head history."""
     model_cfg = params.model_for(variant)
-    train_cfg = params.train.model_copy(update={"epochs": epochs, "device": "cpu", "seed": seed})
+    train_cfg = params.train_for(variant).model_copy(update={"epochs": epochs, "device": "cpu", "seed": seed})
     heads: list[dict] = []
     report = epoch_reporter(variant, epochs)
 

@@ -336,7 +336,7 @@ def training(ev: Evidence) -> dict[str, Any]:
                     raise _OutOfTime
 
             try:
-                run_trial(params.model_for(variant), params.train, data, report)
+                run_trial(params.model_for(variant), params.train_for(variant), data, report)
                 runs[variant] = {"epochs": history}
             except _OutOfTime:
                 runs[variant] = {"epochs": history, "skipped": f"stopped after epoch {len(history)}: out of time"}

@@ -88,7 +88,7 @@ def time_variant(
 ) -> tuple[dict[str, str], list[dict[str, float]]]:
     """One trial of ``variant`` on ``device``; returns the table row and every epoch's metrics."""
     model_cfg = params.model_for(variant)
-    train_cfg = params.train.model_copy(update={"epochs": epochs, "device": device})
+    train_cfg = params.train_for(variant).model_copy(update={"epochs": epochs, "device": device})  # as its trial
     history: list[dict[str, float]] = []
     progress(f"training {variant} on {device}, {epochs} epochs")
     final = run_trial(model_cfg, train_cfg, data, epoch_reporter(variant, epochs, history))

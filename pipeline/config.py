@@ -66,6 +66,10 @@ class DataConfig(_Section):
     # digits (8x8 grey, scikit-learn's bundled copy) are resized to image_size x image_size x 3.
     image_size: PositiveInt = 32
     test_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
+    # Beyond the paper's protocol: the share of each class's training images held out as a validation set
+    # (``pipeline.data.validation``), on which the analysis selects the best epoch. 0 = no validation set: the
+    # authors' protocol, which selects the best epoch on the test set.
+    validation_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     prepared_dir: str = "data/prepared"
 
     @model_validator(mode="after")
@@ -177,6 +181,40 @@ class TrainConfig(_Section):
     # torch.compile the model for training and evaluation (compile time is logged separately from epoch times).
     compile: bool = False
     seed: Seed = 0
+    # Beyond the paper: train on this fraction of every class of the prepared training set (ConViT's
+    # ``--sampling_ratio``), drawn by ``pipeline.data.subset``; the test set never shrinks. 1.0 = all of it.
+    data_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+
+
+# Train fields a variant or a grid axis may not set: they are per sweep (the schedule's length is ASHA's ``max_t``
+# and every trial's report count; the seeds are ``sweep.seeds``), so one variant cannot differ in them.
+PER_SWEEP_TRAIN_FIELDS = {
+    "epochs": "train.epochs is per sweep (ASHA's max_t and the trials' schedule); set it in the train section",
+    "seed": "train.seed is per trial, from sweep.seeds; list the seeds there",
+}
+TRAIN_PREFIX = "train."  # a variant's or grid's key naming a train field, as written in params.yaml: ``train.lr``
+
+
+def _check_train_key(key: str, value: Any) -> None:
+    """Refuse a ``train.<field>`` key of a variant or grid that is not a train field, is per sweep, or has a bad value;
+    the message starts ``.train.<field>:`` so the caller's location prefixes it."""
+    field = key.removeprefix(TRAIN_PREFIX)
+    if field in PER_SWEEP_TRAIN_FIELDS:
+        raise ValueError(f".{key}: not per variant: {PER_SWEEP_TRAIN_FIELDS[field]}")
+    if field not in TrainConfig.model_fields:
+        settable = [f for f in TrainConfig.model_fields if f not in PER_SWEEP_TRAIN_FIELDS]
+        raise ValueError(f".{key}: not a train field; valid: {', '.join(TRAIN_PREFIX + f for f in settable)}")
+    try:
+        TrainConfig.model_validate({field: value})
+    except ValidationError as err:
+        raise ValueError(f".{key}: value {value!r}: {err.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+
+
+def _split_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model fields, train fields without their ``train.`` prefix) of a variant's or grid's keys."""
+    model = {k: v for k, v in fields.items() if not k.startswith(TRAIN_PREFIX)}
+    train = {k.removeprefix(TRAIN_PREFIX): v for k, v in fields.items() if k.startswith(TRAIN_PREFIX)}
+    return model, train
 
 
 # A variant's name becomes a file name (figures), an MLflow run and registered-model name and a DVC metrics key.
@@ -192,12 +230,15 @@ def _first_problem(err: ValidationError) -> str:
 
 class VariantConfig(_Section):
     """A named model of the sweep: its ``arch`` and the ``model`` fields that differ from the shared ``model`` section,
-    e.g. ``{arch: sa, encoding: learned, heads: 4, hidden: 64}``.
+    e.g. ``{arch: sa, encoding: learned, heads: 4, hidden: 64}``, and the ``train`` fields it trains with differently,
+    each written ``train.<field>`` (``{arch: sa, encoding: gpsa, heads: 9, train.lr: 0.01}``).
 
     Any field of ``ModelConfig`` may be set, so a study varies widths, depth or local attention as easily as the paper's
-    encodings and head counts. The fields are kept as written (pydantic's ``model_extra``) and checked against
-    ``ModelConfig`` here, so a misspelt field or a bad value fails naming ``variants.<name>.<field>``; ``apply``
-    validates the merged model once more. ``ModelConfig`` stays the one declaration of what a model field is.
+    encodings and head counts; any field of ``TrainConfig`` but the per-sweep ``epochs`` and ``seed`` too, so a model
+    that needs its own optimiser settings, or a data-size study (``train.data_fraction``), is a variant like the others.
+    The fields are kept as written (pydantic's ``model_extra``) and checked against ``ModelConfig`` / ``TrainConfig``
+    here, so a misspelt field or a bad value fails naming ``variants.<name>.<field>``; ``apply`` and ``apply_train``
+    validate the merged section once more. The two sections stay the one declaration of what a field is.
     """
 
     model_config = ConfigDict(**{**_Section.model_config, "extra": "allow"})
@@ -207,34 +248,50 @@ class VariantConfig(_Section):
     @property
     def fields(self) -> dict[str, Any]:
         """The model fields this variant sets, ``arch`` first."""
-        return {"arch": self.arch, **(self.model_extra or {})}
+        return {"arch": self.arch, **_split_fields(self.model_extra or {})[0]}
+
+    @property
+    def train_fields(self) -> dict[str, Any]:
+        """The train fields this variant sets, by field name (``{"lr": 0.01}``); empty for most variants."""
+        return _split_fields(self.model_extra or {})[1]
 
     def apply(self, base: ModelConfig) -> ModelConfig:
         """``base`` (the shared ``model`` section) with this variant's fields."""
         return ModelConfig.model_validate({**base.model_dump(), **self.fields})
 
+    def apply_train(self, base: TrainConfig) -> TrainConfig:
+        """``base`` (the shared ``train`` section) with this variant's train fields; ``base`` itself without any."""
+        if not self.train_fields:
+            return base
+        return TrainConfig.model_validate({**base.model_dump(), **self.train_fields})
+
     @model_validator(mode="after")
     def _model_fields(self) -> VariantConfig:
-        unknown = sorted(set(self.model_extra or {}) - set(ModelConfig.model_fields))
+        for key, value in (self.model_extra or {}).items():
+            if key.startswith(TRAIN_PREFIX):
+                _check_train_key(key, value)
+        unknown = sorted(set(self.fields) - set(ModelConfig.model_fields))
         if unknown:
             raise ValueError(f".{unknown[0]}: not a model field; valid: {', '.join(ModelConfig.model_fields)}")
         try:
             ModelConfig.model_validate(self.fields)
         except ValidationError as err:
             raise ValueError(_first_problem(err)) from None
-        if self.arch == "sa" and "encoding" not in (self.model_extra or {}):
+        if self.arch == "sa" and "encoding" not in self.fields:
             raise ValueError("an 'sa' variant needs an encoding")
         return self
 
 
 class GridConfig(_Section):
-    """Axes over model fields whose product is a set of named variants (``grid.<name>`` in params.yaml).
+    """Axes over model or train fields whose product is a set of named variants (``grid.<name>`` in params.yaml).
 
-    ``axes`` maps a ``ModelConfig`` field to the values it takes; every other key is a model field shared by the
-    grid's variants (``arch`` is required, as for a variant). The variants are the product of the axes in the order
-    written, first axis outermost, and are named ``<grid>_<part>_<part>...``: a string value as it is
-    (``quadratic``), any other value after its field (``heads4``, ``hidden64``): readable, and stable when an axis
-    gains a value. ``name`` replaces that pattern with a template over the axes (``"sa_{encoding}_{heads}"``).
+    ``axes`` maps a ``ModelConfig`` field, or a ``TrainConfig`` field written ``train.<field>`` (as in a variant), to
+    the values it takes; every other key is a field shared by the grid's variants (``arch`` is required, as for a
+    variant). The variants are the product of the axes in the order written, first axis outermost, and are named
+    ``<grid>_<part>_<part>...``: a string value as it is (``quadratic``), any other value after its field without
+    ``train.`` (``heads4``, ``hidden64``, ``lr0.01``, ``data_fraction0.25``): readable, and stable when an axis gains a
+    value. ``name`` replaces that pattern with a template over the axes (``"sa_{encoding}_{heads}"``; a train axis is
+    named there without its prefix too, ``"{data_fraction}"``, since a dotted name is no template field).
     """
 
     model_config = ConfigDict(**{**_Section.model_config, "extra": "allow"})
@@ -248,13 +305,19 @@ class GridConfig(_Section):
         if not axes:
             raise ValueError("at least one axis is required, e.g. {heads: [4, 9]}")
         for field, values in axes.items():
-            if field not in ModelConfig.model_fields:
-                raise ValueError(f".{field}: not a model field; valid: {', '.join(ModelConfig.model_fields)}")
+            if not field.startswith(TRAIN_PREFIX) and field not in ModelConfig.model_fields:
+                raise ValueError(
+                    f".{field}: not a model field (a train field is written train.<field>); "
+                    f"valid: {', '.join(ModelConfig.model_fields)}"
+                )
             if not values:
                 raise ValueError(f".{field}: at least one value is required")
             if repeated := [v for i, v in enumerate(values) if v in values[:i]]:
                 raise ValueError(f".{field}: listed more than once: {repeated}")
             for value in values:
+                if field.startswith(TRAIN_PREFIX):
+                    _check_train_key(field, value)
+                    continue
                 try:
                     ModelConfig.model_validate({field: value})
                 except ValidationError as err:
@@ -266,10 +329,14 @@ class GridConfig(_Section):
         fixed = self.model_extra or {}
         if both := sorted(set(fixed) & set(self.axes)):
             raise ValueError(f".{both[0]}: set both as an axis and as a fixed field of the grid")
-        if unknown := sorted(set(fixed) - set(ModelConfig.model_fields)):
+        for key, value in fixed.items():
+            if key.startswith(TRAIN_PREFIX):
+                _check_train_key(key, value)
+        model_fixed = _split_fields(fixed)[0]
+        if unknown := sorted(set(model_fixed) - set(ModelConfig.model_fields)):
             raise ValueError(f".{unknown[0]}: not a model field; valid: {', '.join(ModelConfig.model_fields)}")
         try:
-            ModelConfig.model_validate(fixed)
+            ModelConfig.model_validate(model_fixed)
         except ValidationError as err:
             raise ValueError(_first_problem(err)) from None
         return self
@@ -295,11 +362,16 @@ class GridConfig(_Section):
 
     def _name(self, grid: str, point: dict[str, Any]) -> str:
         if self.name is None:
-            parts = [value if isinstance(value, str) else f"{field}{_token(value)}" for field, value in point.items()]
+            parts = [
+                value if isinstance(value, str) else f"{field.removeprefix(TRAIN_PREFIX)}{_token(value)}"
+                for field, value in point.items()
+            ]
             name = "_".join([grid, *parts])
         else:
             try:
-                name = self.name.format(grid=grid, **point)
+                name = self.name.format(
+                    grid=grid, **{field.removeprefix(TRAIN_PREFIX): v for field, v in point.items()}
+                )
             except (KeyError, IndexError, ValueError) as err:
                 raise ValueError(
                     f".name: {self.name!r} is not a template over the axes {list(point)} ({err})"
@@ -558,6 +630,12 @@ class Params(_Section):
                 raise ValueError(f"{where}: {source!r} is not a resnet18 variant; defined: {resnets}")
         if self.train.device == "cuda" and self.sweep.resources.gpu == 0:
             raise ValueError("train.device: 'cuda' needs sweep.resources.gpu > 0 (a trial gets only the GPUs it asks)")
+        for name in self.sweep.variants:
+            if self.train_for(name).device == "cuda" and self.sweep.resources.gpu == 0:
+                raise ValueError(
+                    f"variants.{name}.train.device: 'cuda' needs sweep.resources.gpu > 0 "
+                    "(a trial gets only the GPUs it asks)"
+                )
         asha = self.sweep.asha
         if asha.enabled and asha.grace_period > self.train.epochs:
             raise ValueError(
@@ -592,6 +670,16 @@ class Params(_Section):
         if variant not in self.variants:
             raise KeyError(f"unknown variant {variant!r}; defined: {sorted(self.variants)}")
         return self.variants[variant].apply(self.model)
+
+    def train_for(self, variant: str) -> TrainConfig:
+        """The shared ``train`` section with the named variant's ``train.<field>`` overrides (the section itself for a
+        variant without any); a ``transform`` variant trains as its source does. What a trial of ``variant`` trains
+        with, before its seed is set."""
+        if variant in self.transform.variants:
+            return self.train_for(self.transform.variants[variant])
+        if variant not in self.variants:
+            raise KeyError(f"unknown variant {variant!r}; defined: {sorted(self.variants)}")
+        return self.variants[variant].apply_train(self.train)
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:

@@ -1,8 +1,8 @@
 """Tables, figures and a report from the runs the tune (and prune) manifests name, fetched from MLflow.
 
 Reads:  params.yaml section data (the setting the report states) and data/prepared/ (its manifest: the test set's
-        size, for the accuracies' binomial intervals; its test images, which the representations are compared on:
-        CKA); results/tune/manifest.json (stages.tune);
+        size, for the accuracies' binomial intervals, and the validation set's, for the setting; its test images,
+        which the representations are compared on: CKA); results/tune/manifest.json (stages.tune);
         results/prune/manifest.json when present (stages.prune; without it the report says the pruned models wait);
         results/transform/manifest.json when present (stages.transform: the rebuilt ResNet18's section).
         Every run is fetched by id from the manifest's MLflow tracking URI and its checkpoint/ artifact downloaded
@@ -79,6 +79,15 @@ def test_set_size(prepared_dir: Path) -> int | None:
     return int(json.loads(manifest.read_text(encoding="utf-8"))["num_test"])
 
 
+def validation_set_size(prepared_dir: Path) -> int | None:
+    """The prepared validation set's size (``num_val``), for the setting line; None without one (the authors'
+    protocol, ``data.validation_fraction: 0``) or without the prepared data here."""
+    manifest = prepared_dir / "manifest.json"
+    if not manifest.is_file():
+        return None
+    return json.loads(manifest.read_text(encoding="utf-8")).get("num_val")
+
+
 def stage(args: argparse.Namespace, params: Params) -> int:
     root = store_root(Path.cwd())  # the manifests' paths and the default store are the project's
     tune = read_tune_manifest(args.tune_manifest, root)  # bad input fails here, before anything is written
@@ -103,6 +112,8 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         study = load_study(tune, prune, Path(cache), transform)
         log.info("step 2/3: writing tables, figures and the report")
         setting = setting_of(data, study) | ({"test images": test_images} if test_images else {})
+        if validation_images := validation_set_size(Path(params.data.prepared_dir)):  # where the best epoch is chosen
+            setting["validation images"] = validation_images
         images = normalised_test_images(Path(params.data.prepared_dir))
         outputs = write_outputs(study, setting, Layout(Path.cwd()), test_images, images)
     if args.no_mlflow:

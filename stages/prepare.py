@@ -1,10 +1,11 @@
 """Prepare the dataset as tensors for every later stage.
 
 Reads:  params.yaml, section `data` (dataset, cifar10_path, verify_checksum, image_size, test_fraction,
-        prepared_dir); for cifar10 the archive cifar-10-python.tar.gz or its extracted cifar-10-batches-py/
-        folder at data.cifar10_path (never downloaded).
-Writes: data.prepared_dir (default data/prepared/): train.pt and test.pt (uint8 images (N, C, H, W), int64 labels)
-        and manifest.json (dataset, counts, image shape, classes, mean/std, split seed, sha256 of the tensors).
+        validation_fraction, prepared_dir); for cifar10 the archive cifar-10-python.tar.gz or its extracted
+        cifar-10-batches-py/ folder at data.cifar10_path (never downloaded).
+Writes: data.prepared_dir (default data/prepared/): train.pt and test.pt (uint8 images (N, C, H, W), int64 labels),
+        val.pt when data.validation_fraction > 0 (a class-stratified share of the training images, seed 0), and
+        manifest.json (dataset, counts, image shape, classes, mean/std, split seeds, sha256 of the tensors).
 
 Relative paths resolve against the current directory (dvc runs stages from the repository root). The output is
 replaced atomically and only once complete; re-running with the same params leaves it untouched.
@@ -37,8 +38,9 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     log.info("preparing %s (params: %s)", cfg.dataset, args.params)
     data = prepare_dataset(cfg, root)
     log.info(
-        "%d train / %d test examples, images %s, %d classes, mean %s, std %s",
+        "%d train / %d validation / %d test examples, images %s, %d classes, mean %s, std %s",
         len(data.train_labels),
+        0 if data.val_labels is None else len(data.val_labels),
         len(data.test_labels),
         data.image_shape,
         data.num_classes,

@@ -1,7 +1,9 @@
 """The prepared dataset: uint8 tensors in memory (``PreparedData``) and on disk (``data/prepared``).
 
 A ``PreparedData`` holds uint8 images (N, C, H, W), int64 labels, class names and the per-channel normalisation of
-``images / 255``. ``save_prepared`` writes it as ``train.pt``, ``test.pt`` and ``manifest.json`` atomically;
+``images / 255``, and a validation set when ``data.validation_fraction`` carved one (``pipeline.data.validation``).
+``save_prepared`` writes it as ``train.pt``, ``test.pt`` (``val.pt`` with a validation set) and ``manifest.json``
+atomically;
 ``load_prepared`` reads it back and checks the manifest's content hash. Where the images come from (CIFAR-10,
 digits) is ``pipeline.data.sources``: this module stays light (torch only) because every Ray trial unpickles it,
 and it is trial code (``pipeline.sweep.identity.TRIAL_CODE``): an edit here changes every trial's identity.
@@ -25,11 +27,13 @@ log = logging.getLogger(__name__)
 MANIFEST_VERSION = 1
 REBUILD_HINT = "re-create it with `dvc repro prepare` (or `python -m stages.prepare`)"
 _TENSOR_FIELDS = ("train_images", "train_labels", "test_images", "test_labels")
+_VALIDATION_FIELDS = ("val_images", "val_labels")  # hashed after the others, only when there is a validation set
 
 
 @dataclass(frozen=True)
 class PreparedData:
-    """A train/test split ready for training: uint8 images (N, C, H, W), int64 labels, normalisation of images/255."""
+    """A train/test split ready for training: uint8 images (N, C, H, W), int64 labels, normalisation of images/255;
+    a validation set carved from the training images when ``val_images`` is not None."""
 
     train_images: torch.Tensor
     train_labels: torch.Tensor
@@ -38,6 +42,17 @@ class PreparedData:
     classes: tuple[str, ...]
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    val_images: torch.Tensor | None = None
+    val_labels: torch.Tensor | None = None
+
+    @property
+    def has_validation(self) -> bool:
+        return self.val_labels is not None
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits held, as named on disk: train, test, and val when there is a validation set."""
+        return ("train", "test", "val") if self.has_validation else ("train", "test")
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -53,9 +68,12 @@ class PreparedData:
 
 
 def content_hash(data: PreparedData) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes: what load_prepared checks against the manifest."""
+    """sha256 over every tensor's name, dtype, shape and bytes: what load_prepared checks against the manifest.
+
+    Without a validation set the hash is what it was before validation sets existed, so the paper's protocol keeps
+    its prepared data's identity (and every trial identity built on it)."""
     digest = hashlib.sha256()
-    for name in _TENSOR_FIELDS:
+    for name in _TENSOR_FIELDS + (_VALIDATION_FIELDS if data.has_validation else ()):
         tensor = getattr(data, name).contiguous()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
         digest.update(tensor.numpy().tobytes())
@@ -64,17 +82,19 @@ def content_hash(data: PreparedData) -> str:
 
 def build_manifest(data: PreparedData, provenance: dict | None = None) -> dict:
     """What a reader needs without loading tensors, plus the hash that ties the manifest to them."""
+    counts = {"num_train": int(data.train_labels.numel()), "num_test": int(data.test_labels.numel())}
+    if data.val_labels is not None:
+        counts["num_val"] = int(data.val_labels.numel())
     return {
         "version": MANIFEST_VERSION,
         **(provenance or {"dataset": None}),
-        "num_train": int(data.train_labels.numel()),
-        "num_test": int(data.test_labels.numel()),
+        **counts,
         "image_shape": list(data.image_shape),
         "num_classes": data.num_classes,
         "classes": list(data.classes),
         "mean": list(data.mean),
         "std": list(data.std),
-        "files": {"train": "train.pt", "test": "test.pt"},
+        "files": {split: f"{split}.pt" for split in data.splits},
         "content_sha256": content_hash(data),
     }
 
@@ -113,7 +133,7 @@ def _is_manifest(path: Path) -> bool:
 
 
 def save_prepared(data: PreparedData, out_dir: Path, provenance: dict | None = None) -> dict:
-    """Write train.pt, test.pt and manifest.json into a sibling temp dir, then swap it into place.
+    """Write train.pt, test.pt (val.pt) and manifest.json into a sibling temp dir, then swap it into place.
 
     A killed run leaves at most a ``.<name>.tmp-*`` directory; the previous output is only removed once the new one
     is complete. Writing the same data again changes nothing on disk. ``provenance`` (``sources.provenance``) adds
@@ -129,7 +149,7 @@ def save_prepared(data: PreparedData, out_dir: Path, provenance: dict | None = N
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        for split in ("train", "test"):
+        for split in data.splits:
             tensors = {"images": getattr(data, f"{split}_images"), "labels": getattr(data, f"{split}_labels")}
             torch.save(tensors, tmp / f"{split}.pt")
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -179,7 +199,8 @@ def load_prepared(out_dir: Path) -> PreparedData:
         raise FileNotFoundError(f"{manifest_path}: no prepared dataset here; {hint}")
     try:
         manifest = json.loads(manifest_path.read_text())
-        splits = {split: _load_split(out_dir / manifest["files"][split]) for split in ("train", "test")}
+        splits = {split: _load_split(out_dir / file) for split, file in manifest["files"].items()}
+        validation = splits.get("val", {})
         data = PreparedData(
             train_images=splits["train"]["images"],
             train_labels=splits["train"]["labels"],
@@ -188,6 +209,8 @@ def load_prepared(out_dir: Path) -> PreparedData:
             classes=tuple(manifest["classes"]),
             mean=tuple(float(v) for v in manifest["mean"]),
             std=tuple(float(v) for v in manifest["std"]),
+            val_images=validation.get("images"),
+            val_labels=validation.get("labels"),
         )
         expected = manifest["content_sha256"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
@@ -195,9 +218,10 @@ def load_prepared(out_dir: Path) -> PreparedData:
     if content_hash(data) != expected:
         raise ValueError(f"{out_dir}: tensors do not match the manifest's content_sha256 (modified?); {hint}")
     log.info(
-        "loaded %s: %d train, %d test, images %s",
+        "loaded %s: %d train, %d validation, %d test, images %s",
         out_dir,
         len(data.train_labels),
+        0 if data.val_labels is None else len(data.val_labels),
         len(data.test_labels),
         data.image_shape,
     )

@@ -5,12 +5,16 @@
 - ``digits``: scikit-learn's bundled handwritten digits (1797 8x8 grey images), resized and made RGB, so the whole
   pipeline runs offline on a laptop CPU. The split is stratified with a fixed seed recorded in the manifest.
 
+Either dataset may then lose ``data.validation_fraction`` of each class's training images to a validation set
+(``pipeline.data.validation``); the digits' normalisation is measured on the training images that remain.
+
 Only the prepare stage needs this module (and scikit-learn, or torchvision); trials read ``pipeline.data.prepared``.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +23,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from pipeline.config import DataConfig
 from pipeline.data.prepared import PreparedData
+from pipeline.data.validation import VALIDATION_SPLIT_SEED, carve_validation
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +31,25 @@ DIGITS_SPLIT_SEED = 0
 
 
 def prepare_dataset(cfg: DataConfig, root: Path) -> PreparedData:
-    """Build the configured dataset; a relative ``cifar10_path`` resolves against ``root``."""
+    """Build the configured dataset, with its validation set when ``data.validation_fraction`` asks for one; a
+    relative ``cifar10_path`` resolves against ``root``."""
     if cfg.dataset == "digits":
-        return _prepare_digits(cfg)
-    if cfg.dataset == "cifar10":
+        data = carve_validation(_prepare_digits(cfg), cfg.validation_fraction)
+        if data.has_validation:  # the normalisation is the training images', as without a validation set
+            mean, std = channel_stats(data.train_images)
+            data = replace(data, mean=mean, std=std)
+    elif cfg.dataset == "cifar10":
         from pipeline.data.cifar10 import prepare_cifar10  # torchvision: only for CIFAR-10
 
         path = Path(cfg.cifar10_path or "").expanduser()
-        return prepare_cifar10(path if path.is_absolute() else Path(root) / path, cfg)
-    raise ValueError(f"data.dataset: unknown dataset {cfg.dataset!r}; valid: ['cifar10', 'digits']")
+        data = carve_validation(
+            prepare_cifar10(path if path.is_absolute() else Path(root) / path, cfg), cfg.validation_fraction
+        )
+    else:
+        raise ValueError(f"data.dataset: unknown dataset {cfg.dataset!r}; valid: ['cifar10', 'digits']")
+    if data.val_labels is not None:
+        log.info("held out %d of the training images as a validation set", len(data.val_labels))
+    return data
 
 
 # --- digits ---------------------------------------------------------------------------------------------------
@@ -80,17 +95,23 @@ def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float,
 
 
 def provenance(cfg: DataConfig) -> dict:
-    """How the split was made, for the manifest: the dataset, its split seed, and whether MD5s were checked."""
+    """How the split was made, for the manifest: the dataset, its split seed, whether MD5s were checked, and the
+    validation split's fraction and seed when there is one (absent at 0, so that manifest is as before)."""
+    validation = {}
+    if cfg.validation_fraction > 0:
+        validation = {"validation_fraction": cfg.validation_fraction, "validation_seed": VALIDATION_SPLIT_SEED}
     if cfg.dataset == "digits":
         return {
             "dataset": "digits",
             "source": "sklearn.datasets.load_digits",
             "split_seed": DIGITS_SPLIT_SEED,
             "test_fraction": cfg.test_fraction,
+            **validation,
         }
     return {
         "dataset": "cifar10",
         "source": "torchvision.datasets.CIFAR10 (official split)",
         "split_seed": None,
         "checksum_verified": cfg.verify_checksum,
+        **validation,
     }

@@ -45,7 +45,7 @@ def dry_run_decisions(
     if restore:
         if not parent_finished(path, uri):
             return read_decisions(path), "interrupted: would restore it"
-        state = "finished: nothing to train (`dvc repro --force` restores it and trains nothing)"
+        state = "finished: nothing to train (its trials' runs are reused; nothing is restored)"
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return None, state  # no store yet, so no earlier runs (and a dry run creates none)
     try:

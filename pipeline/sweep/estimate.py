@@ -81,6 +81,7 @@ def estimate_trial(params: Params, variant: str, shape: tuple[int, int, int], cl
             model(torch.zeros(batch, *shape, device="meta"))
         return sum(kept.values())
 
+    batch_size = params.train_for(variant).batch_size  # a variant may train at its own (train.batch_size)
     with torch.device("meta"):
         model = build_for_data(params.model_for(variant), shape, classes, None)
         parameters = sum(p.numel() for p in model.parameters())
@@ -90,10 +91,10 @@ def estimate_trial(params: Params, variant: str, shape: tuple[int, int, int], cl
             # per step whatever the batch (position-only attention probabilities).
             small, large = kept_for_backward(model, TRACE_BATCH), kept_for_backward(model, 2 * TRACE_BATCH)
             per_image = (large - small) // TRACE_BATCH
-            activations: int | None = max(small - per_image * TRACE_BATCH, 0) + per_image * params.train.batch_size
+            activations: int | None = max(small - per_image * TRACE_BATCH, 0) + per_image * batch_size
         except Exception:  # noqa: BLE001 - an op that cannot be traced: the estimate goes without activations
             activations = None
-    return TrialEstimate(variant, parameters, parameters * 4 * OPTIMISER_COPIES, activations, params.train.batch_size)
+    return TrialEstimate(variant, parameters, parameters * 4 * OPTIMISER_COPIES, activations, batch_size)
 
 
 def estimate_trials(params: Params, project_root: Path) -> list[TrialEstimate]:

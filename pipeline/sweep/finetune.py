@@ -53,10 +53,14 @@ class FineTuneOutcome:
 
 def schedule_params(params: Params, lr_factor: float, epochs: int) -> Params:
     """The sweep's params for fine-tuning a model built from its trials: lr x ``lr_factor`` for ``epochs`` epochs, no
-    ASHA (every model trains to the end)."""
+    ASHA (every model trains to the end). A variant with its own ``train.lr`` fine-tunes at that lr x ``lr_factor``."""
     train = params.train.model_copy(update={"lr": params.train.lr * lr_factor, "epochs": epochs})
     sweep = params.sweep.model_copy(update={"asha": AshaConfig(enabled=False)})
-    return parse_params(params.model_copy(update={"train": train, "sweep": sweep}).model_dump(mode="json"))
+    dumped = params.model_copy(update={"train": train, "sweep": sweep}).model_dump(mode="json")
+    for variant in dumped["variants"].values():
+        if "train.lr" in variant:
+            variant["train.lr"] *= lr_factor
+    return parse_params(dumped)
 
 
 def source_identity(source: TrialRecord) -> Any:

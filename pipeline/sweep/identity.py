@@ -1,9 +1,10 @@
 """What names a trial and a sweep: the trial code, the params their results depend on and the prepared data, hashed.
 
-A trial's identity (``trial_key``) is exactly what determines its result: the variant's model config, the train
-config with the trial's seed, the prepared data's content hash and the trial code's hash. Not where it runs, how many
-run at once or which other trials share its sweep: a grown sweep (a seed more, a variant more) finds its existing
-trials by this key in the tracking store and reuses them (``pipeline.sweep.reuse``).
+A trial's identity (``trial_key``) is exactly what determines its result: the variant's model config, its train
+config (``Params.train_for``: the variant's own train fields applied) with the trial's seed, the prepared data's
+content hash and the trial code's hash. Not where it runs, how many run at once or which other trials share its sweep:
+a grown sweep (a seed more, a variant more) finds its existing trials by this key in the tracking store and reuses
+them (``pipeline.sweep.reuse``).
 
 ``TRIAL_CODE`` (declared in ``pipeline.trial.code_version``, so a trial can hash its own code without importing the
 driver) is the one declaration of the code that runs inside a Ray trial and so may change a trained result:
@@ -36,9 +37,14 @@ __all__ = [
 def trial_key(params: Params, variant: str, seed: int, data_hash: str) -> str:
     """Identity of one trial: its model config, its train config (with its seed), the prepared data's content hash and
     the trial code. Two trials with the same key train to the same result, so a finished one is never trained twice."""
+    train = params.train_for(variant).model_copy(update={"seed": seed}).model_dump(mode="json")
+    if train["data_fraction"] == 1.0:
+        # All the data is how every trial trained before the field existed: left out, its trials keep their keys
+        # (and their finished runs) as long as the trial code is unchanged.
+        del train["data_fraction"]
     identity = {
         "model": params.model_for(variant).model_dump(mode="json"),
-        "train": params.train.model_copy(update={"seed": seed}).model_dump(mode="json"),
+        "train": train,
         "data": data_hash,
         "code": code_hash(),
     }

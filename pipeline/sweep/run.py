@@ -17,8 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pipeline.config import Params, parse_params
 from pipeline.data.prepared import PreparedData, content_hash
+from pipeline.data.subset import kept_per_class
 from pipeline.encodings import encoding_fields, spec_for
 from pipeline.sweep.grid import sweep_decisions
 from pipeline.sweep.identity import experiment_name, trial_key
@@ -61,13 +64,17 @@ def run_name(variant: str, seed: int) -> str:
     return f"{variant} seed {seed}"
 
 
-def trial_run_info(config: dict[str, Any], params_json: dict[str, Any], data_hash: str) -> TrialInfo:
+def trial_run_info(
+    config: dict[str, Any], params_json: dict[str, Any], data_hash: str, class_counts: tuple[int, ...] | None = None
+) -> TrialInfo:
     """Run name, flattened params and tags (with its ``trial_key``) of a trial's MLflow run (called by the driver-side
-    callback). The params are those that apply to the variant's architecture (``applicable_model``)."""
+    callback). The params are those that apply to the variant's architecture (``applicable_model``); with the prepared
+    training set's ``class_counts`` they include ``train_images``, the images the trial trains on
+    (``train.data_fraction`` of every class, ``pipeline.data.subset``)."""
     params = parse_params(params_json, "trial params")
     variant, seed = config["variant"], config["seed"]
     model = params.model_for(variant).model_dump(mode="json")
-    train = params.train.model_copy(update={"seed": seed}).model_dump(mode="json")
+    train = params.train_for(variant).model_copy(update={"seed": seed}).model_dump(mode="json")
     if model["arch"] == "resnet18":
         train = {key: value for key, value in train.items() if key not in ATTENTION_ONLY_TRAIN}
     run_settings = {"resources", "asha", "max_failures"}  # not the retry tests' hook (sweep.fail_once_after_epoch)
@@ -79,6 +86,8 @@ def trial_run_info(config: dict[str, Any], params_json: dict[str, Any], data_has
         "data": params.data.model_dump(mode="json"),
         "sweep": params.sweep.model_dump(mode="json", include=run_settings),
     }
+    if class_counts is not None:
+        logged["train_images"] = sum(kept_per_class(count, train["data_fraction"]) for count in class_counts)
     tags = {"variant": variant, "seed": str(seed), KEY_TAG: trial_key(params, variant, seed, data_hash)}
     # the sweep's own tags (params hash, commit, stage) are added too
     return TrialInfo(run_name(variant, seed), flatten(logged), tags)
@@ -87,8 +96,15 @@ def trial_run_info(config: dict[str, Any], params_json: dict[str, Any], data_has
 class Sweep(TrackedStage):
     """The tune stage's part of the tracked run: its grid, reuse, records of reused trials and what it publishes."""
 
-    def __init__(self, params: Params, data_hash: str, project_root: Path, submitted: SubmittedJob | None) -> None:
-        self.params, self.data_hash = params, data_hash
+    def __init__(
+        self,
+        params: Params,
+        data_hash: str,
+        project_root: Path,
+        submitted: SubmittedJob | None,
+        class_counts: tuple[int, ...] | None = None,
+    ) -> None:
+        self.params, self.data_hash, self.class_counts = params, data_hash, class_counts
         self.name, self.work = experiment_name(params, data_hash), "sweep"
         self.run_name = parent_run_name(STAGE, params, project_root, self.name)
         self.tracking_uri = tracking_uri(params.tracking, project_root)
@@ -110,7 +126,10 @@ class Sweep(TrackedStage):
         # read now, while the server is known to answer
         self.reused = reused_records(self.tracking_uri, decisions, self.seen)
         run_info = functools.partial(
-            trial_run_info, params_json=self.params.model_dump(mode="json"), data_hash=self.data_hash
+            trial_run_info,
+            params_json=self.params.model_dump(mode="json"),
+            data_hash=self.data_hash,
+            class_counts=self.class_counts,
         )
         return [trial_config(d) for d in decisions if d.action != REUSE], run_info
 
@@ -132,7 +151,8 @@ def run_sweep(
     ``submitted``: this driver is a Ray job submitted from a workstation (``pipeline.sweep.submit``), whose commit
     and submission id the runs record."""
     preflight(params, project_root)
-    sweep = Sweep(params, content_hash(data), project_root, submitted)
+    class_counts = tuple(torch.bincount(data.train_labels, minlength=data.num_classes).tolist())
+    sweep = Sweep(params, content_hash(data), project_root, submitted, class_counts)
     outcome = run_tracked(sweep, params, data, project_root)
     outcome.records = by_trial(outcome.records + sweep.reused)
     return outcome

@@ -42,7 +42,7 @@ from pipeline.sweep.tracking.epochs import EPOCH_METRICS
 from pipeline.sweep.tracking.logged_model import PreparedDataset
 from pipeline.sweep.tracking.parent import ParentRun, finish_parent, open_parent_run, record_trials
 from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, FAILURE_REASON_TAG, KEY_TAG, PARENT_TAG, STATUS_TAG
-from pipeline.sweep.tuner import build_tuner, restorable
+from pipeline.sweep.tuner import build_tuner, interrupted
 from pipeline.trial.report import HEAD_HISTORY_FILE
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
     local = driver_dir(storage, project_root)  # what the driver keeps on its own disk (the outage buffer)
     flush_buffers(storage, local)  # reuse and restore read the runs: bring them up to date first
     path = storage / stage.name
-    restored = restorable(path)
+    restored = interrupted(path, stage.tracking_uri)
     parent = open_parent_run(
         stage.tracking_uri,
         stage.experiment,

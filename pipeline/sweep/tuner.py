@@ -5,8 +5,9 @@ Why it is built this way:
 - A trial's config is ``{"variant", "seed", "resume_from", "resume_run"}`` (and the prune stage's ``init_from``):
   small, and the seed is in ``param_space`` (reproducible); the progress table shows only variant and seed of it.
   The validated params (as JSON) and the dataset go through the object store (``with_parameters``); the trainable
-  (``pipeline.trial.trainable``) rebuilds its typed config from them (``params.model_for(variant)``, ``params.train``
-  with the seed) without reading any file. They cannot drift on restore: the experiment name is their hash.
+  (``pipeline.trial.trainable``) rebuilds its typed config from them (``params.model_for(variant)``,
+  ``params.train_for(variant)`` with the seed) without reading any file. They cannot drift on restore: the
+  experiment name is their hash.
 - Every epoch reports with a checkpoint; a failed trial is retried from it (``FailureConfig``) and an interrupted run
   is restored (``Tuner.restore``) because the experiment name is a hash of what it runs and ``storage_path`` is
   absolute. Trials never use their working directory: Ray moves them into scratch directories.
@@ -31,6 +32,7 @@ from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import RESUME, TrialDecision
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.callback import MlflowTrialCallback
+from pipeline.sweep.tracking.parent import parent_finished
 from pipeline.sweep.tracking.system_metrics import MetricsTarget, train_with_system_metrics
 from pipeline.sweep.worker_deaths import count_worker_deaths_as_failures
 from pipeline.trial.trainable import train_trial
@@ -63,6 +65,14 @@ def restorable(path: StoragePath) -> bool:
         )
         return False
     return True
+
+
+def interrupted(path: StoragePath, tracking_uri: str) -> bool:
+    """Whether the sweep at ``path`` is one to restore: Tune's state there is restorable by this driver and its parent
+    run did not end FINISHED. A finished sweep is never restored: its trials are looked up and reused like any finished
+    run, so the dry run's plan, the run's log and the manifest's counts all say "reuse" (restoring it would replay its
+    first run's "train" decisions, count every trial as trained and train nothing)."""
+    return restorable(path) and not parent_finished(path, tracking_uri)
 
 
 def trial_config(decision: TrialDecision) -> dict[str, Any]:

@@ -20,6 +20,7 @@ TRIAL_CODE = (
     "pipeline/encodings.py",
     "pipeline/data/__init__.py",
     "pipeline/data/prepared.py",
+    "pipeline/data/subset.py",
     "pipeline/models",
     "pipeline/trial",
 )

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from pipeline.config import ModelConfig, TrainConfig
+from pipeline.data.subset import class_balanced_subset
 from pipeline.trial.checkpoint import (
     EpochProgress,
     Trial,
@@ -49,7 +50,7 @@ from pipeline.trial.checkpoint import (
 )
 from pipeline.trial.device import autocast, autocast_dtype, device_tags, resolve_device, synchronize
 from pipeline.trial.locality import LOCALITY_BATCH, layer_summary, measure_locality
-from pipeline.trial.report import INITIAL_PREFIX, METRIC_KEYS
+from pipeline.trial.report import INITIAL_PREFIX, METRIC_KEYS, VALIDATION_KEYS
 
 if TYPE_CHECKING:
     from pipeline.data.prepared import PreparedData
@@ -150,16 +151,20 @@ class DeviceData:
     test_labels: Tensor  # int64 (M,)
     mean: Tensor  # (1, C, 1, 1), for images / 255
     std: Tensor  # (1, C, 1, 1)
+    val_images: Tensor | None = None  # uint8 (V, C, H, W), when the prepared data has a validation set
+    val_labels: Tensor | None = None  # int64 (V,)
 
     @classmethod
     def from_prepared(cls, data: PreparedData, device: torch.device) -> DeviceData:
         stats = [torch.tensor(s, dtype=torch.float32, device=device).view(1, -1, 1, 1) for s in (data.mean, data.std)]
+        validation = [None, None] if data.val_images is None else [data.val_images, data.val_labels]
         return cls(
             data.train_images.to(device),
             data.train_labels.to(device),
             data.test_images.to(device),
             data.test_labels.to(device),
             *stats,
+            *(None if t is None else t.to(device) for t in validation),
         )
 
     def normalise(self, images: Tensor) -> Tensor:  # float (B, C, H, W) in [0, 1] -> standardised
@@ -337,14 +342,15 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
     started = time.perf_counter()
     model.train()
     # Every batch shape an epoch will see: the full batch and, when the set does not divide, the last one.
-    n_train, n_test = data.train_labels.numel(), data.test_labels.numel()
+    n_train = data.train_labels.numel()
     for size in sorted({min(cfg.batch_size, n_train), n_train % cfg.batch_size} - {0}, reverse=True):
         images = data.normalise(data.train_images[:size].float().div(255))  # (size, C, H, W)
         with autocast(device, amp_dtype):
             logits = trial.runner(images)
         F.cross_entropy(logits.float(), data.train_labels[:size]).backward()
-    n_eval = min(n_test, cfg.eval_batch_size + n_test % cfg.eval_batch_size)  # a full and the last eval batch
-    evaluate(trial.runner, data.test_images[:n_eval], data.test_labels[:n_eval], data, cfg.eval_batch_size, amp_dtype)
+    for images, labels in _eval_sets(data).values():  # a full and the last eval batch of each set
+        n_eval = min(len(labels), cfg.eval_batch_size + len(labels) % cfg.eval_batch_size)
+        evaluate(trial.runner, images[:n_eval], labels[:n_eval], data, cfg.eval_batch_size, amp_dtype)
     synchronize(device)
     seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
@@ -361,14 +367,28 @@ def _check_resumable(checkpoint: dict, model_cfg: ModelConfig, train_cfg: TrainC
         raise ValueError("resume_from: the checkpoint's model_config differs from the trial's")
     free = {"device", "eval_batch_size"}  # may change between machines without changing the experiment
     saved = {k: v for k, v in checkpoint["train_config"].items() if k not in free}
+    saved.setdefault("data_fraction", 1.0)  # a checkpoint from before the field trained on all the data
     if saved != {k: v for k, v in train_cfg.model_dump().items() if k not in free}:
         raise ValueError(f"resume_from: the checkpoint's train_config differs from the trial's (except {sorted(free)})")
 
 
+def _eval_sets(data: DeviceData) -> dict[str, tuple[Tensor, Tensor]]:
+    """The sets evaluated after every epoch, by metric prefix: the test set, and the validation set when there is."""
+    sets = {"test": (data.test_images, data.test_labels)}
+    if data.val_images is not None and data.val_labels is not None:
+        sets["val"] = (data.val_images, data.val_labels)
+    return sets
+
+
 def _log_epoch(metrics: dict[str, float], epochs: int) -> None:
+    validation = f"  val acc {metrics['val_acc']:.4f}" if "val_acc" in metrics else ""
     log.info(
-        "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  lr %.5f  %.1f s  %.0f img/s",
-        *(metrics[key] for key in ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr")),
+        "epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f%s  lr %.5f  %.1f s  %.0f img/s",
+        metrics["epoch"],
+        epochs,
+        *(metrics[key] for key in ("train_loss", "train_acc", "test_loss", "test_acc")),
+        validation,
+        metrics["lr"],
         metrics["epoch_time_s"],
         metrics["images_per_s"],
     )
@@ -407,9 +427,13 @@ def run_trial(
         stop: asked before every batch; when it returns True the trial writes a checkpoint of the epoch in progress,
             hands it to ``stopped(checkpoint_dir)`` and returns (``resume_from`` that checkpoint finishes the epoch).
 
+    ``train_cfg.data_fraction`` < 1 trains on that class-balanced fraction of ``data``'s training set, drawn from
+    ``train_cfg.seed`` (``pipeline.data.subset``); the test set and the locality batch stay whole.
+
     Metrics (``METRIC_KEYS``, scalars): ``epoch`` counts completed epochs (an int, from 1); ``train_loss`` and
     ``train_acc`` average the epoch's training batches (dropout and augmentation on); ``test_*`` come from one
-    evaluation in eval mode after the epoch; ``lr`` is the rate of the epoch's last optimiser step;
+    evaluation in eval mode after the epoch, and so do ``val_acc`` and ``val_loss`` (``VALIDATION_KEYS``, after
+    ``METRIC_KEYS``) when the prepared data has a validation set; ``lr`` is the rate of the epoch's last optimiser step;
     ``epoch_time_s`` times the training pass alone (no evaluation, no checkpoint) and ``images_per_s`` is the
     number of training images over it. A self-attention model adds ``locality/layer<l>/<metric>`` (each layer's
     mean over its heads, ``pipeline.trial.locality``; per head in the checkpoint's locality history), and its first
@@ -424,6 +448,13 @@ def run_trial(
     if resume is not None:
         _check_resumable(resume, model_cfg, train_cfg)
     init = load_checkpoint(init_from) if init_from is not None else None
+    if train_cfg.data_fraction < 1.0:  # epochs shrink with it: the schedule's steps per epoch count the subset
+        data = class_balanced_subset(data, train_cfg.data_fraction, train_cfg.seed)
+        log.info(
+            "training on %d images (train.data_fraction %g of every class)",
+            len(data.train_labels),
+            train_cfg.data_fraction,
+        )
     trial = _start(model_cfg, train_cfg, data, device, resume=resume, init=init, heads_per_layer=heads_per_layer)
     on_device = DeviceData.from_prepared(data, device)
     initial: dict[str, float] = {}  # epoch 0's locality summary, sent once with epoch 1's report
@@ -459,22 +490,13 @@ def run_trial(
         seconds = spent + time.perf_counter() - started
         trial.progress = None
         trial.epoch += 1
-        test_loss, test_acc = evaluate(
-            trial.runner,
-            on_device.test_images,
-            on_device.test_labels,
-            on_device,
-            train_cfg.eval_batch_size,
-            amp_dtype,
-        )
+        for prefix, (images, labels) in _eval_sets(on_device).items():
+            loss, acc = evaluate(trial.runner, images, labels, on_device, train_cfg.eval_batch_size, amp_dtype)
+            metrics |= {f"{prefix}_loss": loss, f"{prefix}_acc": acc}
         n_train = on_device.train_labels.numel()
-        metrics |= {
-            "test_loss": test_loss,
-            "test_acc": test_acc,
-            "epoch_time_s": seconds,
-            "images_per_s": n_train / seconds,
-        }
-        metrics = {"epoch": trial.epoch} | {key: float(metrics[key]) for key in METRIC_KEYS[1:]}  # epoch stays an int
+        metrics |= {"epoch_time_s": seconds, "images_per_s": n_train / seconds}
+        keys = METRIC_KEYS[1:] + (VALIDATION_KEYS if on_device.val_labels is not None else ())
+        metrics = {"epoch": trial.epoch} | {key: float(metrics[key]) for key in keys}  # epoch stays an int
         metrics |= _record_locality(trial, on_device)
         if trial.epoch == 1:
             metrics |= {INITIAL_PREFIX + key: value for key, value in initial.items()}  # MLflow step 0

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 # Every epoch's report, in order. ``epoch`` counts completed epochs (an int, from 1) and is the MLflow step.
 METRIC_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s")
+# With a validation set (``data.validation_fraction`` > 0) the report adds these after ``METRIC_KEYS``, from one
+# evaluation of the validation images after each epoch: the analysis selects the best epoch on ``val_acc``.
+VALIDATION_KEYS = ("val_acc", "val_loss")
 # A self-attention model's report also holds, per layer, the mean over its heads of each locality metric
 # (``pipeline.trial.locality``), as ``locality/layer<l>/<metric>`` with layers from 1: MLflow's UI groups the
 # ``locality/`` charts together.
@@ -22,11 +25,12 @@ def locality_key(layer: int, metric: str) -> str:
 
 def epoch_metrics(report: dict[str, float]) -> dict[str, float]:
     """The values of an epoch's report (or a checkpoint's ``metrics_history`` entry) that are MLflow metrics: the
-    training metrics and the locality metrics, without ``epoch`` (the step) or Ray's keys."""
+    training metrics (with the validation ones when there are), the locality metrics, without ``epoch`` (the step)
+    or Ray's keys."""
     return {
         key: float(value)
         for key, value in report.items()
-        if (key in METRIC_KEYS and key != "epoch") or key.startswith(LOCALITY_PREFIX)
+        if (key in METRIC_KEYS and key != "epoch") or key in VALIDATION_KEYS or key.startswith(LOCALITY_PREFIX)
     }
 
 

@@ -73,7 +73,7 @@ def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, An
     params = parse_params(params_json, "trial params")
     model_cfg = params.model_for(config["variant"])
     gpu_ids = ray.get_gpu_ids()
-    train_cfg = params.train.model_copy(update={"seed": config["seed"]})
+    train_cfg = params.train_for(config["variant"]).model_copy(update={"seed": config["seed"]})
     train_cfg = trial_train_config(train_cfg, gpu_ids, params.sweep.resources.cpu_fallback)
     # Where it runs goes with every report (the driver tags the run when it changes: a retry may run elsewhere, and a
     # first report can be the one a retry re-trains and skips); the progress table's chosen columns leave it out.

@@ -23,6 +23,7 @@ import yaml
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from analysis.table import BEST_LABEL, TEST_SELECTED_LABEL, VAL_SELECTED_LABEL
 from pipeline.config import PAPER_VARIANTS, ModelConfig, VariantConfig
 from pipeline.measure.counting import count_parameters
 from pipeline.models import build_model
@@ -112,6 +113,8 @@ def build_study(tmp_path: Path, uri: str, experiment: str) -> dict:
         epochs = EPOCHS if status == "finished" else 1
         metrics = [Metric("test_acc", _acc(seed, e), 0, e) for e in range(1, epochs + 1)]
         metrics += [Metric("train_loss", 2.0 / e, 0, e) for e in range(1, epochs + 1)]
+        if variant == "sa_learned_heads2":  # trained with a validation set: its best epoch on validation is epoch 2
+            metrics += [Metric("val_acc", acc, 0, e) for e, acc in enumerate([0.5, 0.9, 0.6], start=1)]
         client.log_batch(run_id, metrics=metrics)
         checkpoint = ray_dir / f"{variant}-{seed}" / "checkpoint_000002"
         if status == "finished":
@@ -236,6 +239,11 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     markdown = (tmp_path / "results/tables/accuracy.md").read_text()
     assert "± 3.54 (n=2)" in markdown  # std of 0.65 and 0.70 in %
     assert "| SA learned, 2 heads" in markdown and "not in the paper" in markdown
+    # One variant has validation metrics: its best epoch is selected on them, the authors' column kept and labelled.
+    assert other["val_selected_test_acc_mean"] == pytest.approx(_acc(0, 2)) and other["val_selected_n"] == 1
+    assert other["best_test_acc_mean"] == pytest.approx(_acc(0, EPOCHS)) and quad["val_selected_n"] == 0
+    header = [cell.strip() for cell in markdown.splitlines()[2].split("|")]
+    assert header.index(TEST_SELECTED_LABEL) == header.index(VAL_SELECTED_LABEL) + 1 and BEST_LABEL not in header
     csv_text = (tmp_path / "results/tables/accuracy.csv").read_text()
     assert f",{expected['params']['sa_quadratic_9']}," in csv_text  # integers written as integers
 

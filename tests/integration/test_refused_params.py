@@ -39,8 +39,10 @@ def _refused(project: Project, *assignments: str) -> str:
     [
         (("train.epochs=-1",), "tune", "train.epochs: Input should be greater than 0"),
         (("data.dataset=cifar10", "data.cifar10_path=missing/cifar-10-python.tar.gz"), "prepare", "data.cifar10_path"),
+        # 0.1 % of ~144 training digits per class rounds to no validation image for every class
+        (("data.validation_fraction=0.001",), "prepare", "data.validation_fraction: 0.001 leaves a class"),
     ],
-    ids=["tune-refuses-epochs", "prepare-finds-no-archive"],
+    ids=["tune-refuses-epochs", "prepare-finds-no-archive", "prepare-refuses-an-empty-validation-class"],
 )
 def test_a_refused_value_costs_no_output(
     project: Project, project_params: dict, assignments: tuple[str, ...], stage: str, named: str

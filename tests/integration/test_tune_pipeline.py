@@ -256,6 +256,24 @@ def test_a_run_compares_against_the_committed_baseline_and_a_second_does_nothing
     for line in dry.splitlines():  # a finished sweep: each trial would reuse its own run, none trains
         assert not line.startswith(tuple(rows)) or line.endswith(f"reuse run {rows[line[:25]]}"), line
 
+    # One truth: run anyway (as `dvc repro --force` does), and the log and the manifest say what the plan said.
+    manifest_file = project.path / "results/tune/manifest.json"
+    kept = manifest_file.read_text()  # the shared project's manifest goes back as it was (its trials say "trained")
+    try:
+        rerun = project.run("python", "-m", "stages.tune")
+        again = json.loads(manifest_file.read_text())
+    finally:
+        manifest_file.write_text(kept)
+    log = rerun.stdout + rerun.stderr
+    assert "restoring the interrupted sweep" not in log, log[-3000:]
+    assert f"0 trial(s) trained or resumed, {len(rows)} reused" in log, log[-3000:]
+    for trial in swept["manifest"]["trials"]:
+        assert f"{trial['variant']} seed {trial['seed']}: reuse run {trial['run_id']}" in log, log[-3000:]
+    assert all(t["reused"] for t in again["trials"])
+    assert [(t["variant"], t["run_id"]) for t in again["trials"]] == [
+        (t["variant"], t["run_id"]) for t in swept["manifest"]["trials"]
+    ]
+
 
 def test_dvc_exp_run_reruns_only_tune_and_names_its_mlflow_runs(
     swept: dict, project: Project, project_params: dict

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from analysis.runs import LoadedRun, fetch, local_artifacts
+from analysis.runs import LoadedRun, fetch, local_artifacts, val_selected
 from pipeline.config import ModelConfig
 from pipeline.models import build_model
 from pipeline.sweep.tracking.store import ensure_experiment
@@ -52,3 +54,26 @@ def test_a_local_stores_checkpoint_is_read_in_place_and_once(tmp_path: Path, mon
     assert record.checkpoint_dir == tmp_path / "mlartifacts" / run_id / "artifacts" / "checkpoint"
     assert reads == [record.checkpoint_dir / "checkpoint.pt"]  # one read, of the store's own file
     assert not cache.exists() or not any(cache.iterdir())  # nothing copied
+
+
+def test_the_best_epoch_is_selected_on_validation_when_the_run_has_it(tmp_path: Path) -> None:
+    """From a real store: test_acc at the epoch of best val_acc, beside the authors' best test_acc over epochs."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = ensure_experiment(client, "select", (tmp_path / "mlartifacts").as_uri())
+    with_val, without_val = (client.create_run(experiment_id).info.run_id for _ in range(2))
+    for epoch, (test_acc, val_acc) in enumerate([(0.50, 0.40), (0.70, 0.65), (0.75, 0.60)], start=1):
+        for run_id in (with_val, without_val):
+            client.log_metric(run_id, "test_acc", test_acc, step=epoch)
+        client.log_metric(with_val, "val_acc", val_acc, step=epoch)
+    records = [
+        fetch(client, client.tracking_uri, LoadedRun(r, "sa", 0, "finished", "tune"), tmp_path)
+        for r in (with_val, without_val)
+    ]
+    assert (records[0].test_acc, records[0].best_test_acc, records[0].val_selected_test_acc) == (0.75, 0.75, 0.70)
+    assert records[1].best_test_acc == 0.75 and math.isnan(records[1].val_selected_test_acc)
+
+
+def test_validation_ties_select_the_earliest_epoch() -> None:
+    history = pd.DataFrame({"epoch": [1, 2, 3], "test_acc": [0.5, 0.6, 0.7], "val_acc": [0.4, 0.6, 0.6]})
+    assert val_selected(history) == 0.6
+    assert math.isnan(val_selected(history.drop(columns="val_acc")))

@@ -16,6 +16,8 @@ from analysis.table import (
     FLOPS_FULL_LABEL,
     FLOPS_PAPER_LABEL,
     NOT_IN_PAPER,
+    TEST_SELECTED_LABEL,
+    VAL_SELECTED_LABEL,
     accuracy_table,
     conv_like_table,
     format_conv_like,
@@ -107,6 +109,39 @@ def test_seeds_aggregate_as_mean_std_n_of_the_finished_runs() -> None:
     assert shown["params (ours / paper)"] == "1,234 / 12,086,844"
     assert shown[f"FLOPs, {FLOPS_PAPER_LABEL} (ours / paper)"] == "5G / 6.176G"
     assert shown[f"FLOPs, {FLOPS_FULL_LABEL} (ours)"] == "7G"
+
+
+def test_without_validation_the_table_is_the_authors_protocol_only() -> None:
+    shown = format_table(accuracy_table(RUNS, VARIANTS))
+    assert list(shown.columns) == DISPLAY_COLUMNS and VAL_SELECTED_LABEL not in shown
+
+
+def test_with_validation_the_best_epoch_is_selected_on_it_beside_the_authors_column() -> None:
+    """Runs with validation metrics: the honest column first, the authors' test-selected one kept and labelled."""
+    runs = pd.DataFrame(
+        [
+            _run("sa_quadratic_9", 0, 0.80, 0.85) | {"val_selected_test_acc": 0.82},
+            _run("sa_quadratic_9", 1, 0.90, 0.91) | {"val_selected_test_acc": 0.88},
+            _run("resnet18", 0, 0.95, 0.96),  # trained without a validation set: no honest best epoch to show
+        ]
+    )
+    table = accuracy_table(runs, VARIANTS[:2])
+    assert _row(table, "sa_quadratic_9")["val_selected_test_acc_mean"] == pytest.approx(0.85)
+    assert _row(table, "sa_quadratic_9")["val_selected_n"] == 2 and _row(table, "resnet18")["val_selected_n"] == 0
+    shown = format_table(table)
+    best = DISPLAY_COLUMNS.index(BEST_LABEL)
+    assert list(shown.columns) == [
+        *DISPLAY_COLUMNS[:best],
+        VAL_SELECTED_LABEL,
+        TEST_SELECTED_LABEL,
+        *DISPLAY_COLUMNS[best + 1 :],
+    ]
+    assert "as the authors" in TEST_SELECTED_LABEL and BEST_LABEL not in shown
+    quadratic, resnet = shown.set_index("model").loc["SA quadratic"], shown.set_index("model").loc["ResNet18"]
+    assert (
+        quadratic[VAL_SELECTED_LABEL] == "85.00 ± 4.24 (n=2)" and quadratic[TEST_SELECTED_LABEL] == "88.00 ± 4.24 (n=2)"
+    )
+    assert resnet[VAL_SELECTED_LABEL] == "–" and resnet[TEST_SELECTED_LABEL] == "96.00 (n=1)"
 
 
 def test_single_seed_has_no_std_and_empty_rows_say_why() -> None:

@@ -148,6 +148,37 @@ def test_yaml_exponent_floats_are_floats(tmp_path: Path) -> None:
         ({"model": {"content": True, "attention_window_eps": 1e-6}}, "model.attention_window_eps", "position-only"),
         ({"model": {"encoding": "gpsa", "locality_strength": 0}}, "model.locality_strength", "greater than 0"),
         ({"model": {"locality": 1.0}}, "model.locality", "unknown key"),
+        # issue 39 item 4: train fields of a variant or grid axis, and the data fraction
+        ({"train": {"data_fraction": 0}}, "train.data_fraction", "greater than 0"),
+        ({"train": {"data_fraction": 1.5}}, "train.data_fraction", "less than or equal to 1"),
+        ({"train": {"data_fraction": -0.25}}, "train.data_fraction", "greater than 0"),
+        (
+            {"variants": {"x": {"arch": "resnet18", "train.data_fraction": 0.0}}},
+            "variants.x.train.data_fraction",
+            "value 0.0: Input should be greater than 0",
+        ),
+        ({"variants": {"x": {"arch": "resnet18", "train.lrr": 0.01}}}, "variants.x.train.lrr", "not a train field"),
+        ({"variants": {"x": {"arch": "resnet18", "train.lr": "low"}}}, "variants.x.train.lr", "valid number"),
+        ({"variants": {"x": {"arch": "resnet18", "train.epochs": 3}}}, "variants.x.train.epochs", "ASHA's max_t"),
+        ({"variants": {"x": {"arch": "resnet18", "train.seed": 3}}}, "variants.x.train.seed", "sweep.seeds"),
+        (
+            {"grid": {"g": {"arch": "resnet18", "axes": {"train.data_fraction": [0.5, 2.0]}}}},
+            "grid.g.axes.train.data_fraction",
+            "value 2.0: Input should be less than or equal to 1",
+        ),
+        ({"grid": {"g": {"arch": "resnet18", "axes": {"train.size": [1]}}}}, "grid.g.axes.train.size", "not a train"),
+        ({"grid": {"g": {"arch": "resnet18", "axes": {"lr": [0.1]}}}}, "grid.g.axes.lr", "written train.<field>"),
+        ({"grid": {"g": {"arch": "resnet18", "axes": {"train.epochs": [1, 2]}}}}, "grid.g.axes.train.epochs", "per"),
+        (
+            {"grid": {"g": {"arch": "resnet18", "train.momentum": 1.0, "axes": {"train.lr": [0.1]}}}},
+            "grid.g.train.momentum",
+            "less than 1",
+        ),
+        (
+            {"variants": {"x": {"arch": "resnet18", "train.device": "cuda"}}, "sweep": {"variants": ["x"]}},
+            "variants.x.train.device",
+            "sweep.resources.gpu > 0",
+        ),
     ],
 )
 def test_bad_values_name_the_file_and_key(raw: dict, key: str, message: str) -> None:
@@ -260,3 +291,29 @@ def test_a_variant_overrides_any_model_field() -> None:
     deep = params.model_for("deep")
     assert (deep.layers, deep.learned_dim, deep.heads) == (3, 8, 9)
     assert params.variants["deep"].fields == {"arch": "sa", "encoding": "learned", "layers": 3, "learned_dim": 8}
+
+
+def test_a_variant_sets_train_fields_and_keeps_its_model() -> None:
+    gpsa = {"arch": "sa", "encoding": "gpsa", "heads": 9, "train.lr": 0.01}
+    params = parse_params({"train": {"lr": 0.1, "epochs": 4}, "variants": {"g": gpsa}, "sweep": {"variants": ["g"]}})
+    assert params.train_for("g") == params.train.model_copy(update={"lr": 0.01})
+    assert params.variants["g"].fields == {"arch": "sa", "encoding": "gpsa", "heads": 9}  # no train key in the model
+    assert params.variants["g"].train_fields == {"lr": 0.01}
+    assert params.model_for("g") == parse_params({"model": {"encoding": "gpsa"}}).model
+    assert Params().train_for("sa_quadratic_9") is Params().train  # no train keys: the section itself
+    assert parse_params(params.model_dump(mode="json")) == params  # what the trial rebuilds is the same study
+
+
+def test_a_grid_over_train_fields_names_its_variants_after_the_field() -> None:
+    axes = {"train.data_fraction": [0.25, 0.5, 1.0]}
+    params = parse_params({"grid": {"size": {"arch": "sa", "encoding": "quadratic", "heads": 9, "axes": axes}}})
+    names = ["size_data_fraction0.25", "size_data_fraction0.5", "size_data_fraction1"]
+    assert list(params.variants)[-3:] == names
+    assert [params.train_for(n).data_fraction for n in names] == [0.25, 0.5, 1.0]
+    assert {params.model_for(n) for n in names} == {params.model_for("sa_quadratic_9")}
+    mixed = {"arch": "sa", "encoding": "gpsa", "axes": {"heads": [4], "train.lr": [0.01, 0.1]}, "train.momentum": 0.5}
+    params = parse_params({"grid": {"m": mixed}})
+    assert list(params.variants)[-2:] == ["m_heads4_lr0.01", "m_heads4_lr0.1"]
+    assert params.train_for("m_heads4_lr0.01").momentum == 0.5  # a grid's fixed train field
+    templated = {**mixed, "name": "gpsa_{heads}_lr{lr}"}  # a train axis is named in a template without its prefix
+    assert list(parse_params({"grid": {"m": templated}}).variants)[-2:] == ["gpsa_4_lr0.01", "gpsa_4_lr0.1"]

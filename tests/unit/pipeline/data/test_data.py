@@ -12,10 +12,12 @@ import pytest
 import torch
 import yaml
 
+from benchmarks.cifar_archive import write_cifar10
 from pipeline.config import DataConfig
 from pipeline.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD
 from pipeline.data.prepared import PreparedData, load_prepared, save_prepared
 from pipeline.data.sources import channel_stats, prepare_dataset, provenance
+from pipeline.data.validation import carve_validation
 from stages import prepare as prepare_stage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[4]
@@ -245,6 +247,8 @@ def test_stage_cifar10_from_tiny_archive(tiny_cifar10, tmp_path, monkeypatch):
         ({"dataset": "mnist"}, "data.dataset"),
         ({"dataset": "cifar10", "cifar10_path": "missing.tar.gz"}, "data.cifar10_path"),
         ({"test_fraction": 0.001}, "data.test_fraction"),  # 2 test digits cannot hold 10 classes
+        ({"validation_fraction": 0.001}, "data.validation_fraction"),  # no class keeps a validation image
+        ({"validation_fraction": 1.0}, "data.validation_fraction"),
     ],
 )
 def test_stage_bad_params_exit_2_naming_the_key(tmp_path, monkeypatch, caplog, data, key):
@@ -294,3 +298,112 @@ def test_save_replaces_an_empty_or_damaged_prepared_dataset(digits, tmp_path):
     assert load_prepared(empty).train_labels.tolist() == digits.train_labels.tolist()
     with pytest.raises(ValueError, match="not a prepared dataset"):
         save_prepared(digits, tmp_path)  # holds other files
+
+
+# --- the validation split (data.validation_fraction) ------------------------------------------------------------
+
+# content_sha256 of the default params.yaml's digits, computed with the code before validation sets existed: a
+# fraction of 0 must leave the prepared data, and so every trial identity built on it, exactly as it was.
+DEFAULT_DIGITS_SHA256 = "c56269b8dfc597ffdd6659598c3e20dfdb72291604866f9f9fdecc0872c0c465"
+
+
+def _default_data(**overrides) -> DataConfig:
+    raw = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())["data"]
+    return DataConfig(**(raw | overrides))
+
+
+def test_no_validation_keeps_the_default_hash_files_and_manifest(tmp_path):
+    data = prepare_dataset(_default_data(), Path("."))
+    assert _default_data().validation_fraction == 0 and not data.has_validation
+    manifest = save_prepared(data, tmp_path / "prepared", provenance(_default_data()))
+    assert manifest["content_sha256"] == DEFAULT_DIGITS_SHA256
+    assert "num_val" not in manifest and "validation_fraction" not in manifest
+    assert {p.name for p in (tmp_path / "prepared").iterdir()} == {"manifest.json", "train.pt", "test.pt"}
+
+
+def test_validation_is_carved_per_class_from_train_only(digits):
+    carved = prepare_dataset(
+        DataConfig(dataset="digits", image_size=16, test_fraction=0.2, validation_fraction=0.1), Path(".")
+    )
+    assert torch.equal(carved.test_images, digits.test_images)  # the test set is untouched
+    before = torch.bincount(digits.train_labels, minlength=10)
+    train, val = (torch.bincount(t, minlength=10) for t in (carved.train_labels, carved.val_labels))
+    assert torch.equal(train + val, before)
+    assert torch.equal(val, (before * 0.1 + 0.5).floor().long())  # round(10 %) of every class, halves up
+    assert (carved.mean, carved.std) == channel_stats(carved.train_images)  # normalised on training images only
+
+
+def test_carving_moves_each_image_to_exactly_one_side_in_order():
+    """Images whose pixels are their index: the two sides partition the training set, each in its original order."""
+    labels = torch.arange(60) % 3
+    data = PreparedData(
+        torch.arange(60, dtype=torch.uint8).view(60, 1, 1, 1),
+        labels,
+        labels[:3].view(3, 1, 1, 1).byte(),
+        labels[:3],
+        ("a", "b", "c"),
+        (0.0,),
+        (1.0,),
+    )
+    carved = carve_validation(data, 0.25)
+    train, val = carved.train_images.flatten().tolist(), carved.val_images.flatten().tolist()
+    assert sorted(train + val) == list(range(60)) and train == sorted(train) and val == sorted(val)
+    assert torch.equal(carved.val_labels, labels[val]) and torch.equal(carved.train_labels, labels[train])
+    assert torch.bincount(carved.val_labels).tolist() == [5, 5, 5]
+    assert carve_validation(data, 0) is data
+
+
+def test_validation_split_is_deterministic_and_saved_with_its_hash(tmp_path):
+    cfg = DataConfig(dataset="digits", image_size=8, validation_fraction=0.25)
+    first, again = prepare_dataset(cfg, Path(".")), prepare_dataset(cfg, Path("."))
+    assert torch.equal(first.val_labels, again.val_labels) and torch.equal(first.val_images, again.val_images)
+    manifest = save_prepared(first, tmp_path / "prepared", provenance(cfg))
+    assert {p.name for p in (tmp_path / "prepared").iterdir()} == {"manifest.json", "train.pt", "test.pt", "val.pt"}
+    assert (manifest["validation_fraction"], manifest["validation_seed"]) == (0.25, 0)
+    assert manifest["num_val"] == len(first.val_labels) and manifest["files"]["val"] == "val.pt"
+    assert manifest["content_sha256"] != DEFAULT_DIGITS_SHA256
+    loaded = load_prepared(tmp_path / "prepared")
+    assert torch.equal(loaded.val_images, first.val_images) and torch.equal(loaded.val_labels, first.val_labels)
+    tensors = torch.load(tmp_path / "prepared" / "val.pt", weights_only=True)
+    tensors["images"][0, 0, 0, 0] ^= 1  # the validation tensors are part of the content hash
+    torch.save(tensors, tmp_path / "prepared" / "val.pt")
+    with pytest.raises(ValueError, match="content_sha256"):
+        load_prepared(tmp_path / "prepared")
+
+
+def test_cifar10_validation_split(tmp_path):
+    """The real loader on a small real-format archive with every class present at least twice."""
+    archive = write_cifar10(tmp_path / "cifar", per_batch=40)
+    data = prepare_dataset(_cifar_cfg(archive.archive, validation_fraction=0.2), tmp_path)
+    counts = torch.bincount(torch.tensor(archive.train_labels), minlength=10)
+    assert torch.equal(torch.bincount(data.val_labels, minlength=10), (counts * 0.2 + 0.5).floor().long())
+    assert len(data.train_labels) + len(data.val_labels) == 200
+    assert data.test_labels.tolist() == archive.test_labels and (data.mean, data.std) == (CIFAR10_MEAN, CIFAR10_STD)
+
+
+def test_a_fraction_leaving_a_class_empty_is_refused_naming_the_key(tiny_cifar10, tmp_path):
+    # The tiny archive has 20 random labels: some class has a single training image, which cannot go both ways.
+    assert torch.bincount(torch.tensor(tiny_cifar10.train_labels)).tolist().count(1) > 0
+    with pytest.raises(ValueError, match=r"data\.validation_fraction: 0\.5 leaves a class with no training"):
+        prepare_dataset(_cifar_cfg(tiny_cifar10.archive, validation_fraction=0.5), tmp_path)
+    with pytest.raises(ValueError, match=r"data\.validation_fraction: 0\.001 .*-> 0 validation"):
+        prepare_dataset(DataConfig(dataset="digits", validation_fraction=0.001), tmp_path)
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
+def test_a_fraction_outside_0_1_is_refused_naming_the_key(fraction):
+    with pytest.raises(ValueError, match="validation_fraction"):
+        DataConfig(dataset="digits", validation_fraction=fraction)
+
+
+def test_stage_writes_the_validation_set_the_analysis_reads_back(tmp_path, monkeypatch):
+    from stages.analyze import validation_set_size
+
+    monkeypatch.chdir(tmp_path)
+    assert prepare_stage.main(["--params", str(_write_params(tmp_path / "p.yaml", validation_fraction=0.1))]) == 0
+    manifest = json.loads((tmp_path / "data/prepared/manifest.json").read_text())
+    held_out = len(load_prepared(tmp_path / "data/prepared").val_labels)
+    assert manifest["num_val"] == held_out == validation_set_size(tmp_path / "data/prepared")
+    assert manifest["num_val"] + manifest["num_train"] == 1437 and 140 <= held_out <= 150  # 10 % per class, rounded
+    assert prepare_stage.main(["--params", str(_write_params(tmp_path / "p.yaml", validation_fraction=0))]) == 0
+    assert not (tmp_path / "data/prepared/val.pt").exists() and validation_set_size(tmp_path / "data/prepared") is None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Params, parse_params
+from pipeline.config import Params, params_hash, parse_params
 from pipeline.sweep import identity
 from pipeline.sweep.identity import PROJECT_ROOT, TRIAL_CODE, code_hash, sweep_hash, trial_key
 
@@ -24,6 +24,7 @@ def params(**sections: dict) -> Params:
 
 
 BASE = trial_key(params(), "sa_quadratic_9", 0, DATA)
+QUADRATIC = {"arch": "sa", "encoding": "quadratic", "heads": 9}
 
 
 @pytest.mark.parametrize(
@@ -37,10 +38,40 @@ BASE = trial_key(params(), "sa_quadratic_9", 0, DATA)
         ("the data", lambda: trial_key(params(), "sa_quadratic_9", 0, "b" * 64)),
         # compiled training draws Inductor's own dropout masks: another result (docs/design.md), so another trial
         ("train.compile", lambda: trial_key(params(train={"compile": True}), "sa_quadratic_9", 0, DATA)),
+        ("train.data_fraction", lambda: trial_key(params(train={"data_fraction": 0.5}), "sa_quadratic_9", 0, DATA)),
+        (
+            "a variant's train.lr",
+            lambda: trial_key(
+                params(variants={"sa_quadratic_9": {**QUADRATIC, "train.lr": 0.05}, "resnet18": {"arch": "resnet18"}}),
+                "sa_quadratic_9",
+                0,
+                DATA,
+            ),
+        ),
     ],
 )
 def test_the_key_changes_with_each_input(what: str, key) -> None:
     assert key() != BASE, what
+
+
+def test_all_the_data_keeps_the_keys_trials_had_before_the_data_fraction_existed() -> None:
+    """Finished runs are found by their key: a sweep without a data fraction must not retrain them. Before the field,
+    the key hashed the model, the train section with the seed, the data and the code."""
+    default = Params()
+    for variant in default.sweep.variants:
+        before = default.train.model_copy(update={"seed": 3}).model_dump(mode="json")
+        del before["data_fraction"]  # the one field added since
+        identity_before = {"model": default.model_for(variant).model_dump(mode="json"), "train": before}
+        expected = params_hash({**identity_before, "data": DATA, "code": code_hash()})
+        assert trial_key(default, variant, 3, DATA) == expected, variant
+
+
+def test_a_variant_s_train_field_is_the_same_trial_as_the_same_train_section() -> None:
+    """The key hashes what a trial trains with, not where params.yaml says it: lr 0.05 either way is one trial."""
+    variant = {"sa_quadratic_9": {**QUADRATIC, "train.lr": 0.05}, "resnet18": {"arch": "resnet18"}}
+    assert trial_key(params(variants=variant), "sa_quadratic_9", 0, DATA) == trial_key(
+        params(train={"lr": 0.05}), "sa_quadratic_9", 0, DATA
+    )
 
 
 def test_the_key_changes_with_the_trial_code(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -156,3 +156,9 @@ def test_a_trial_too_big_for_this_machine_is_refused_naming_the_keys(tmp_path: P
     raw["sweep"]["variants"] = ["sa_quadratic_9"]
     (double,) = estimate_trials(parse_params(raw, "x"), tmp_path)
     assert double.activation_bytes > small.activation_bytes  # grows with the batch
+    raw = _raw()
+    own_batch = {**raw["variants"]["sa_quadratic_9"], "train.batch_size": 2 * raw["train"]["batch_size"]}
+    raw["variants"]["sa_quadratic_9"] = own_batch
+    raw["sweep"]["variants"] = ["sa_quadratic_9"]
+    (variant_batch,) = estimate_trials(parse_params(raw, "x"), tmp_path)  # a variant's own batch size counts
+    assert (variant_batch.batch_size, variant_batch.activation_bytes) == (double.batch_size, double.activation_bytes)

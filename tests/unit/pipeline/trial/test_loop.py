@@ -15,6 +15,7 @@ import torch.nn.functional as F  # noqa: N812
 from pipeline.config import ModelConfig, TrainConfig, load_params
 from pipeline.data.prepared import PreparedData
 from pipeline.data.sources import prepare_dataset
+from pipeline.data.subset import subset_size
 from pipeline.models import build_model
 from pipeline.trial import loop as train
 from pipeline.trial.checkpoint import (
@@ -33,7 +34,7 @@ from pipeline.trial.loop import (
     build_scheduler,
     run_trial,
 )
-from pipeline.trial.report import LOCALITY_METRICS, METRIC_KEYS
+from pipeline.trial.report import LOCALITY_METRICS, METRIC_KEYS, VALIDATION_KEYS, epoch_metrics
 
 PARAMS = Path(__file__).resolve().parents[4] / "params.yaml"
 TINY_SA = ModelConfig(hidden=8, layers=2, heads=4, ffn=16, learned_dim=8, resnet_width=4)
@@ -111,6 +112,18 @@ def test_epoch_schedule_trains_epoch_zero_at_lr_zero():
     lrs: list[float] = []
     run_trial(TINY_SA, cfg, synthetic_data(), lambda m, _: lrs.append(m["lr"]))
     assert lrs == pytest.approx([0.0, 0.5 * cfg.lr, cfg.lr, 0.5 * cfg.lr])
+
+
+def test_a_data_fraction_trains_shorter_epochs_on_its_subset():
+    """train.data_fraction 0.5: every epoch passes over the class-balanced half (pipeline.data.subset), so the schedule
+    has half the steps."""
+    data = synthetic_data(n_train=64)
+    cfg = TINY_TRAIN.model_copy(update={"epochs": 2, "data_fraction": 0.5, "schedule": "step", "warmup_fraction": 0.5})
+    reports: list[dict[str, float]] = []
+    run_trial(TINY_SA, cfg, data, lambda m, _: reports.append(m))
+    kept = subset_size(data.train_labels, 0.5)
+    assert kept < 64
+    assert [round(m["images_per_s"] * m["epoch_time_s"]) for m in reports] == [kept, kept]
 
 
 # --- optimiser groups ---
@@ -321,6 +334,22 @@ def test_checkpoint_contents_load_weights_only(tmp_path):
     assert len(checkpoint["metrics_history"]) == 3
 
 
+def test_a_validation_set_is_evaluated_every_epoch_after_the_test_set():
+    """Validation images identical to the test images must score exactly as the test set, epoch by epoch."""
+    plain = synthetic_data()
+    data = dataclasses.replace(plain, val_images=plain.test_images.clone(), val_labels=plain.test_labels.clone())
+    reports: list[dict[str, float]] = []
+    run_trial(TINY_SA, TINY_TRAIN, data, lambda m, _: reports.append(m))
+    for report in reports:
+        keys = tuple(report)
+        assert keys[: len(METRIC_KEYS) + 2] == METRIC_KEYS + VALIDATION_KEYS == METRIC_KEYS + ("val_acc", "val_loss")
+        assert (report["val_acc"], report["val_loss"]) == (report["test_acc"], report["test_loss"])
+        assert set(VALIDATION_KEYS) <= epoch_metrics(report).keys()  # what the driver logs to MLflow
+    without: list[dict[str, float]] = []
+    run_trial(TINY_SA, TINY_TRAIN.model_copy(update={"epochs": 1}), plain, lambda m, _: without.append(m))
+    assert not set(VALIDATION_KEYS) & without[0].keys()
+
+
 def test_head_history_has_init_and_every_epoch(tmp_path):
     recorder = Recorder(tmp_path)
     run_trial(TINY_SA, TINY_TRAIN, synthetic_data(), recorder)
@@ -428,6 +457,8 @@ def test_compile_matches_eager_and_keeps_eager_checkpoint_names(tmp_path, monkey
     cfg = TINY_TRAIN.model_copy(update={"epochs": 1})
     model_cfg = TINY_SA.model_copy(update={"dropout": 0.0, "attention_dropout": 0.0})  # Inductor draws its own masks
     data = synthetic_data(n_train=40, n_test=40)  # batches of 16, 16, 8 and 32, 8: partial last batches
+    val = synthetic_data(n_train=20, n_test=1)  # a validation set of 20: another eval batch shape to warm up
+    data = dataclasses.replace(data, val_images=val.train_images, val_labels=val.train_labels)
     eager, compiled = Recorder(tmp_path / "eager"), Recorder(tmp_path / "compiled")
     run_trial(model_cfg, cfg, data, eager)
     graphs_after_warm_up = []
@@ -442,7 +473,7 @@ def test_compile_matches_eager_and_keeps_eager_checkpoint_names(tmp_path, monkey
     run_trial(model_cfg, cfg.model_copy(update={"compile": True}), data, compiled)
     # every batch shape was compiled before the timed epoch: epoch_time_s holds no compilation
     assert graphs_after_warm_up == [counters["stats"]["unique_graphs"]]
-    for key in ("train_loss", "test_loss"):
+    for key in ("train_loss", "test_loss", "val_loss"):
         assert compiled.metrics[0][key] == pytest.approx(eager.metrics[0][key], rel=1e-4)
     assert load_checkpoint(compiled.dirs[0])["model"].keys() == load_checkpoint(eager.dirs[0])["model"].keys()
     assert isinstance(model_from_checkpoint(compiled.dirs[0]), torch.nn.Module)
@@ -457,3 +488,13 @@ def test_augmentation_without_flips_only_crops() -> None:
         assert any(torch.equal(out[i], crop[i]) for crop in crops), f"image {i} is not an unflipped crop"
     flipped = augment_batch(images, 1, torch.Generator().manual_seed(0), hflip=True)
     assert not torch.equal(flipped, out)  # same crops, some of them flipped
+
+
+def test_each_epoch_logs_one_line_with_its_place_in_the_schedule(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = {"epoch": 3, "train_loss": 1.5, "train_acc": 0.4, "test_loss": 1.25, "test_acc": 0.5, "lr": 0.01}
+    with caplog.at_level("INFO", logger=train.log.name):
+        train._log_epoch({**metrics, "epoch_time_s": 2.5, "images_per_s": 575.0}, epochs=40)
+    [record] = [r for r in caplog.records if r.name == train.log.name]
+    assert record.getMessage() == (
+        "epoch 3/40  train loss 1.5000 acc 0.4000  test loss 1.2500 acc 0.5000  lr 0.01000  2.5 s  575 img/s"
+    )

@@ -49,6 +49,17 @@ def test_a_trial_logs_only_the_params_of_its_architecture() -> None:
     assert "sweep.max_failures" in logged and not [key for key in logged if "fail_once" in key]  # a test hook
 
 
+def test_a_trial_logs_its_variant_s_train_fields_and_how_many_images_it_trains_on() -> None:
+    params = load_params(PARAMS)
+    dumped = params.model_dump(mode="json")
+    dumped["variants"]["half"] = {"arch": "resnet18", "train.data_fraction": 0.5, "train.lr": 0.01}
+    counts = (10, 7, 1)
+    half = trial_run_info({"variant": "half", "seed": 0}, dumped, "d" * 64, class_counts=counts).params
+    assert (half["train.data_fraction"], half["train.lr"], half["train_images"]) == ("0.5", "0.01", "10")  # 5 + 4 + 1
+    whole = trial_run_info({"variant": "resnet18", "seed": 0}, dumped, "d" * 64, class_counts=counts).params
+    assert (whole["train.data_fraction"], whole["train_images"]) == ("1.0", "18")
+
+
 def test_the_ui_url_opens_the_sweeps_runs_in_model_training_mode_best_first() -> None:
     url = runs_url("http://127.0.0.1:5001/", "7", ["r1", "r2"], "p")
     split = urlsplit(url)
