@@ -4,7 +4,7 @@
 Committed (the Makefile's ``BASELINE``, which ``make baseline`` stages): dvc.yaml's metrics files (each training
 stage's ``test_acc.json``, one accuracy per variant: what ``dvc exp show`` shows), the detailed ``metrics.json``
 files beside them, and ``dvc.lock`` (from the next ``make baseline`` on: ``LOCK_PENDING``). The lock is there so
-that a dependency a run did not change compares equal against the baseline: without it every dependency (22 paths)
+that a dependency a run did not change compares equal against the baseline: without it every dependency (23 paths)
 counts as changed and ``dvc exp show --only-changed`` cannot fit a screen. It goes stale where later commits change
 code or params (those dependencies then show as changed until the next ``make baseline``); its manifests' hashes
 differ on every run, since they name its MLflow runs. Not the manifests themselves: they name runs of one machine's
