@@ -451,9 +451,17 @@ def test_dvc_exp_show_compares_an_experiment_on_one_screen(swept: dict, project:
     project.dvc("repro")  # its outputs (a restore: nothing retrains)
     project.run("git", "add", *baseline_files())  # what `make baseline` stages
     project.run("git", "commit", "-q", "-m", "baseline")
-    mismatches = baseline_mismatches(project.path)  # as tests/unit/test_baseline.py wants the repository's
-    assert not mismatches, "\n".join(mismatches)
-    project.dvc("exp", "run", "--name", "epochs1", "--set-param", "train.epochs=1")
+    try:
+        mismatches = baseline_mismatches(project.path)  # as tests/unit/test_baseline.py wants the repository's
+        assert not mismatches, "\n".join(mismatches)
+        project.dvc("exp", "run", "--name", "epochs1", "--set-param", "train.epochs=1")
+        _one_screen_after_an_experiment(project)
+    finally:  # the shared project as the other tests find it, in whatever order they run: no lock committed
+        project.run("git", "reset", "-q", "HEAD~1")
+        project.run("git", "checkout", "--", "params.yaml")
+
+
+def _one_screen_after_an_experiment(project: Project) -> None:
     results = project.path / "results"
     variants = [
         name
@@ -461,35 +469,11 @@ def test_dvc_exp_show_compares_an_experiment_on_one_screen(swept: dict, project:
         for name in json.loads((results / stage / "test_acc.json").read_text())
     ]
     assert {"resnet18", "sa_quadratic_9", "t_resnet18"} <= set(variants), variants
-
-    def show(*args: str) -> str:
-        env = {**project.env, "COLUMNS": str(SCREEN)}
-        command = ["dvc", "exp", "show", *args]
-        return subprocess.run(command, cwd=project.path, env=env, capture_output=True, text=True, check=True).stdout
-
-    def on_screen(table: str, columns: list[str], numbers: list[str]) -> None:
-        """The table's first screen holds every name of ``columns`` whole in its header, its three rows, and a number
-        in the experiment's row under each name of ``numbers`` (a cell is no wider than its header: names are)."""
-        screen = [line[:SCREEN] for line in table.splitlines()]
-        assert not [line for line in screen if "…" in line], table  # no column collapsed or cut on screen
-        at = next(i for i, line in enumerate(screen) if "Experiment" in line)
-        spans = {}
-        for name in columns:
-            found = re.search(rf"(?<!\S){re.escape(name)}(?!\S)", screen[at])
-            assert found, (name, screen[at])
-            spans[name] = found.span()
-        rows = [line for line in screen[at + 1 :] if line.strip() and set(line.strip()) != {"─"}]
-        assert len(rows) == 3 and "workspace" in rows[0], screen  # the workspace, the baseline and the experiment
-        experiment = next(line for line in rows if "[epochs1]" in line)
-        for name in numbers:
-            start, end = spans[name]
-            assert NUMBER.fullmatch(experiment[start:end].strip()), (name, experiment)
-
-    paged = show()
-    on_screen(paged, variants, variants)
-    changed = show("--only-changed")
-    on_screen(changed, [*variants, "train.epochs"], variants)
-    columns = next(csv.reader(io.StringIO(show("--only-changed", "--csv"))))
+    paged = _exp_show(project)
+    _on_screen(paged, variants, variants)
+    changed = _exp_show(project, "--only-changed")
+    _on_screen(changed, [*variants, "train.epochs"], variants)
+    columns = next(csv.reader(io.StringIO(_exp_show(project, "--only-changed", "--csv"))))
     assert len(columns) <= 25 and {"Experiment", "train.epochs", *variants} <= set(columns), columns
     manifests = {f"results/{stage}/manifest.json" for stage in ("tune", "prune", "transform")}
     assert {name for name in columns if "/" in name} <= manifests, columns  # code and data: equal to the baseline's
@@ -498,3 +482,29 @@ def test_dvc_exp_show_compares_an_experiment_on_one_screen(swept: dict, project:
         f"dvc exp show: {widths['plain']} characters wide plain, {widths['changed']} with --only-changed "
         f"({len(columns)} CSV columns)"
     )
+
+
+def _exp_show(project: Project, *args: str) -> str:
+    """``dvc exp show`` as on a ``SCREEN``-column terminal (its pager left to DVC: none when not a terminal)."""
+    env = {**project.env, "COLUMNS": str(SCREEN)}
+    command = ["dvc", "exp", "show", *args]
+    return subprocess.run(command, cwd=project.path, env=env, capture_output=True, text=True, check=True).stdout
+
+
+def _on_screen(table: str, columns: list[str], numbers: list[str]) -> None:
+    """The table's first screen holds every name of ``columns`` whole in its header, its three rows, and a number in
+    the experiment's row under each name of ``numbers`` (a cell is no wider than its header: names are)."""
+    screen = [line[:SCREEN] for line in table.splitlines()]
+    assert not [line for line in screen if "…" in line], table  # no column collapsed or cut on screen
+    at = next(i for i, line in enumerate(screen) if "Experiment" in line)
+    spans = {}
+    for name in columns:
+        found = re.search(rf"(?<!\S){re.escape(name)}(?!\S)", screen[at])
+        assert found, (name, screen[at])
+        spans[name] = found.span()
+    rows = [line for line in screen[at + 1 :] if line.strip() and set(line.strip()) != {"─"}]
+    assert len(rows) == 3 and "workspace" in rows[0], screen  # the workspace, the baseline and the experiment
+    experiment = next(line for line in rows if "[epochs1]" in line)
+    for name in numbers:
+        start, end = spans[name]
+        assert NUMBER.fullmatch(experiment[start:end].strip()), (name, experiment)
