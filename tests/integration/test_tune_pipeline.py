@@ -441,12 +441,13 @@ NUMBER = re.compile(r"[01]\.\d+")  # an accuracy as dvc exp show prints it
 
 
 def test_dvc_exp_show_compares_an_experiment_on_one_screen(swept: dict, project: Project) -> None:
-    """After ``make baseline`` (its files committed) and one ``dvc exp run -S train.epochs=1``, what a user at a
-    120-column terminal sees: ``dvc exp show`` pages through ``less --chop-long-lines`` (DVC's default pager: each
-    line's first 120 characters on screen, the rest a scroll away); its first screen shows the experiment rows and
-    every variant's accuracy whole, with ``--only-changed`` the changed param too, and that one's CSV has at most 25
-    columns: the lock makes unchanged dependencies compare equal. (Not ``--no-pager``: DVC squeezes a table of ~100
-    columns, every param of params.yaml and every dependency, into a strip of "…" cells; docs/running.md.)"""
+    """After ``make baseline`` (its files committed) and one ``dvc exp run -S train.epochs=1`` (and an lr), what a
+    user at a 120-column terminal sees: ``dvc exp show`` pages through ``less --chop-long-lines`` (DVC's default
+    pager: each line's first 120 characters on screen, the rest a scroll away); its first screen shows the
+    experiment rows and every variant's accuracy whole, with ``--only-changed`` the changed params too, and that
+    one's CSV has at most 25 columns: the lock makes unchanged dependencies compare equal. (Not ``--no-pager``: DVC
+    squeezes a table of ~100 columns, every param of params.yaml and every dependency, into a strip of "…" cells;
+    docs/running.md.)"""
     project.run("git", "checkout", "--", "params.yaml")  # the committed profile, whatever an earlier experiment left
     project.dvc("repro")  # its outputs (a restore: nothing retrains)
     project.run("git", "add", *baseline_files())  # what `make baseline` stages
@@ -454,7 +455,8 @@ def test_dvc_exp_show_compares_an_experiment_on_one_screen(swept: dict, project:
     try:
         mismatches = baseline_mismatches(project.path)  # as tests/unit/test_baseline.py wants the repository's
         assert not mismatches, "\n".join(mismatches)
-        project.dvc("exp", "run", "--name", "epochs1", "--set-param", "train.epochs=1")
+        # An lr of its own: trial identities no other test trains (a run of theirs would be reused, or this by them).
+        project.dvc("exp", "run", "--name", "epochs1", "--set-param", "train.epochs=1", "--set-param", "train.lr=0.08")
         _one_screen_after_an_experiment(project)
     finally:  # the shared project as the other tests find it, in whatever order they run: no lock committed
         project.run("git", "reset", "-q", "HEAD~1")
@@ -472,9 +474,9 @@ def _one_screen_after_an_experiment(project: Project) -> None:
     paged = _exp_show(project)
     _on_screen(paged, variants, variants)
     changed = _exp_show(project, "--only-changed")
-    _on_screen(changed, [*variants, "train.epochs"], variants)
+    _on_screen(changed, [*variants, "train.epochs", "train.lr"], variants)
     columns = next(csv.reader(io.StringIO(_exp_show(project, "--only-changed", "--csv"))))
-    assert len(columns) <= 25 and {"Experiment", "train.epochs", *variants} <= set(columns), columns
+    assert len(columns) <= 25 and {"Experiment", "train.epochs", "train.lr", *variants} <= set(columns), columns
     manifests = {f"results/{stage}/manifest.json" for stage in ("tune", "prune", "transform")}
     assert {name for name in columns if "/" in name} <= manifests, columns  # code and data: equal to the baseline's
     widths = {name: max(map(len, table.splitlines())) for name, table in (("plain", paged), ("changed", changed))}
