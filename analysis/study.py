@@ -355,9 +355,10 @@ def add_finding_metrics(
     baseline: str | None,
     gaps: Mapping[str, float],
 ) -> None:
-    """Add the finding's numbers to the analyze stage's metrics entries (``dvc metrics show`` / ``diff`` then compare
-    them across commits): ``gap_to_<baseline>_points`` per self-attention variant, and per Gaussian-encoding variant
-    its first layer's ``layer1_displacement`` and ``layer1_heads_at_distinct_shifts`` (means over seeds)."""
+    """Add the finding's numbers to the analyze stage's metrics entries (committed with the baseline: ``git diff``
+    compares them across commits): ``gap_to_<baseline>_points`` per self-attention variant, and per
+    Gaussian-encoding variant its first layer's ``layer1_displacement`` and ``layer1_heads_at_distinct_shifts``
+    (means over seeds)."""
     for name, gap in gaps.items():
         if name in summary:
             summary[name][f"gap_to_{baseline}_points"] = round(gap, 4) if math.isfinite(gap) else None

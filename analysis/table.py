@@ -393,8 +393,8 @@ def _json_int(value: float) -> int | None:
 def metrics_summary(
     runs: pd.DataFrame | None, variants: Sequence[Variant] | None = None, expected_epochs: int | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Per variant: final test_acc mean / std / n, params and FLOPs, JSON-ready (NaN -> null), for
-    ``dvc metrics show``. Same rows and counting rules as ``accuracy_table``."""
+    """Per variant: final test_acc mean / std / n, params and FLOPs, JSON-ready (NaN -> null). Same rows and
+    counting rules as ``accuracy_table``."""
     table = accuracy_table(runs, variants, expected_epochs)
     return {
         row["variant"]: {
@@ -413,9 +413,9 @@ SIZE_MEASURES = ("params", "flops_paper", "flops_full")
 
 
 def size_metrics(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """What the analyze stage adds to ``dvc metrics show``: each variant's size (params, FLOPs), which no other stage
-    measures (``study.add_finding_metrics`` adds the finding's numbers, derived here alone). Accuracies are the tune
-    stage's (``results/tune/metrics.json``) and the prune stage's (``results/prune/metrics.json``): one measure, one
+    """What the analyze stage's ``metrics.json`` adds to the training stages': each variant's size (params, FLOPs),
+    which no other stage measures (``study.add_finding_metrics`` adds the finding's numbers, derived here alone).
+    Accuracies are the tune stage's (``results/tune/``) and the prune stage's (``results/prune/``): one measure, one
     file, one name."""
     return {variant: {key: row[key] for key in SIZE_MEASURES} for variant, row in summary.items()}
 

@@ -10,6 +10,9 @@
 - ``lasting_os_error`` tells a disk fault no retry fixes (full, over quota, read-only, refused) from a passing one:
   a trial that meets one is not retried (every retry would write to the same disk), and ``StorageFaultError`` ends
   the stage in one line naming the storage and what to do.
+- ``write_stage_metrics`` writes a training stage's two metrics files: ``metrics.json`` (every figure per variant,
+  a plain output) and ``test_acc.json`` (the final test accuracy per variant alone, the file dvc.yaml declares as
+  metrics), so ``dvc exp show`` gives each variant one column, named after it.
 """
 
 from __future__ import annotations
@@ -94,6 +97,18 @@ def write_text_atomic(path: Path, text: str) -> None:
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Indented, key-sorted JSON (stable diffs for git-tracked DVC outputs), written atomically."""
     write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+METRICS_FILE = "metrics.json"  # a training stage's figures per variant: accuracies, seeds, spread
+HEADLINE_FILE = "test_acc.json"  # of those, the final test accuracy per variant: what DVC compares experiments on
+
+
+def write_stage_metrics(out_dir: Path, summary: dict[str, dict[str, Any]]) -> None:
+    """Write ``summary`` ({variant: {"test_acc": ..., ...}}) to ``out_dir/metrics.json`` and its ``test_acc`` per
+    variant, flat, to ``out_dir/test_acc.json``: a flat file keeps ``dvc exp show`` to one short column per variant
+    (``resnet18``), where the whole summary made three to five per variant (``resnet18.test_acc``, ...)."""
+    write_json_atomic(Path(out_dir) / METRICS_FILE, summary)
+    write_json_atomic(Path(out_dir) / HEADLINE_FILE, {name: entry["test_acc"] for name, entry in summary.items()})
 
 
 def check_creatable_dir(path: Path) -> None:

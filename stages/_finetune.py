@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Params
-from pipeline.io import check_store, check_tracking_server, write_json_atomic
+from pipeline.io import check_store, check_tracking_server, write_stage_metrics
 from pipeline.prune.plan import local_sources
 from pipeline.sweep.finetune import FineTuneOutcome
 from pipeline.sweep.location import adopt_default_store
@@ -47,14 +47,14 @@ def finish(
     describe: Callable[[Any], None],
     log: logging.Logger,
 ) -> int:
-    """Write the manifest and ``metrics.json`` into ``out_dir``, ``describe`` each model in the log; the exit code: 130
-    when interrupted (nothing written), 1 when a fine-tuning failed, ``EXIT_TRACKING_BUFFERED`` while MLflow writes
-    wait for the server, else 0."""
+    """Write the manifest, ``metrics.json`` and ``test_acc.json`` into ``out_dir``, ``describe`` each model in the
+    log; the exit code: 130 when interrupted (nothing written), 1 when a fine-tuning failed,
+    ``EXIT_TRACKING_BUFFERED`` while MLflow writes wait for the server, else 0."""
     if outcome.interrupted:
         say_buffered(outcome.tracked)
         return 130
     write_manifest(out_dir / "manifest.json", outcome.manifest, root)
-    write_json_atomic(out_dir / "metrics.json", outcome.manifest.metrics_summary())
+    write_stage_metrics(out_dir, outcome.manifest.metrics_summary())
     for model in outcome.manifest.models:
         describe(model)
     log.info("wrote %s", out_dir / "manifest.json")

@@ -22,7 +22,8 @@ Writes (one row, entry, series and figures per variant the manifests name, the p
                                                 from their exact kernel taps during fine-tuning
         results/tables/cka_<variant>.csv        per self-attention variant (and rebuilt ResNet18): linear CKA of each
                                                 of its layers against each ResNet18 stage, on the test set
-        results/analysis/metrics.json           per variant: final accuracy, params, FLOPs (`dvc metrics show`)
+        results/analysis/metrics.json           per variant: params, FLOPs, the finding's numbers (a plain
+                                                output: the accuracies DVC compares are the training stages')
         results/plots/accuracy.csv              variant, model, colour, seed, epoch, test_acc (`dvc plots show`)
         results/plots/locality.csv              ..., layer, mean_distance, entropy, peak_probability
         results/report.md                       the setting, the tables, the finding's numbers (head displacement,

@@ -6,7 +6,8 @@ Reads:  params.yaml sections prune (rule, thresholds or fraction, lr_factor, epo
 Writes: results/prune/manifest.json  per pruned model: source and fine-tuning run ids, heads cut per layer and the
                                      per-head decisions (eigenvalues, criteria, why), params and FLOPs before/after
                                      (both conventions), test accuracy before pruning, right after, after fine-tuning
-        results/prune/metrics.json   those accuracies, params and FLOPs per pruned variant, for `dvc metrics show`
+        results/prune/metrics.json   per pruned variant: test accuracy right after pruning and after fine-tuning
+        results/prune/test_acc.json  the accuracy after fine-tuning alone: the stage's metrics for `dvc exp show`
 Side effects: pruned checkpoints and Ray results under sweep.storage_path/prune-<hash>; MLflow runs (a prune-<hash>
 parent in the sweep's experiment, one child per model, metrics from step 0 = right after pruning).
 Refused before Ray starts: a missing or stale tune manifest, a checkpoint neither on disk nor in MLflow, a variant

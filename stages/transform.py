@@ -8,7 +8,8 @@ Writes: results/transform/manifest.json  per network (t_resnet18 seed k): source
                                          converted, test accuracy of the source and of the rebuild before training,
                                          the largest logit difference (float32, float64), params and FLOPs of both
                                          (both conventions), test accuracy after fine-tuning
-        results/transform/metrics.json   per transform variant: test_acc_step0 and test_acc, for `dvc metrics show`
+        results/transform/metrics.json   per transform variant: test_acc_step0 and test_acc
+        results/transform/test_acc.json  test_acc alone: the stage's metrics for `dvc metrics show` / `dvc exp show`
 Side effects: converted checkpoints and Ray results under sweep.storage_path/transform-<hash>; MLflow runs (a
 transform-<hash> parent in the sweep's experiment, one child per network, test_acc from step 0 = before training).
 Every 3x3 convolution becomes a 9-head quadratic attention layer (pipeline/models/transformed_resnet.py); batch norms,

@@ -3,7 +3,8 @@
 Reads:  params.yaml sections model, train, variants, sweep, tracking, seed; data.prepared_dir (stages.prepare).
 Writes: results/tune/manifest.json  MLflow tracking URI, experiment and parent run ids, and per trial: run id,
                                     variant, seed, status, final metrics, last checkpoint dir, head-centre history
-        results/tune/metrics.json   final test accuracy per variant (mean/std over seeds) for `dvc metrics show`
+        results/tune/metrics.json   final test accuracy per variant (mean/std over seeds)
+        results/tune/test_acc.json  the mean alone, per variant: the sweep's metrics for `dvc metrics show` / `exp show`
 Side effects (never DVC outs): MLflow runs (tracking.uri, default sqlite <project>/mlflow.db) and Ray results
 (sweep.storage_path/tune-<params hash>: a folder, or a bucket such as s3://bucket/ray). An interrupted run (Ctrl-C)
 is restored from there by the next run. The project is the DVC repository ($DVC_ROOT): a queued or --temp `dvc exp
@@ -39,7 +40,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.io import write_json_atomic
+from pipeline.io import HEADLINE_FILE, METRICS_FILE, write_stage_metrics
 from pipeline.sweep.location import store_root
 from pipeline.sweep.lock import hold_stage_lock
 from pipeline.sweep.manifest import ERROR, write_tune_manifest
@@ -49,7 +50,7 @@ from stages._cli import EXIT_TRACKING_BUFFERED, main_for, make_parser, say_buffe
 
 log = logging.getLogger("stages.tune")
 OUT_DIR = Path("results/tune")  # relative to the working directory, like every path in params.yaml
-OUTPUTS = ("manifest.json", "metrics.json")  # the stage's DVC outputs in OUT_DIR
+OUTPUTS = ("manifest.json", METRICS_FILE, HEADLINE_FILE)  # the stage's DVC outputs in OUT_DIR
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
@@ -82,7 +83,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         return 130
     manifest = tune_manifest(outcome)
     write_tune_manifest(OUT_DIR / "manifest.json", manifest, root)
-    write_json_atomic(OUT_DIR / "metrics.json", manifest.metrics_summary())
+    write_stage_metrics(OUT_DIR, manifest.metrics_summary())
     if job is not None and not outcome.buffered:  # the workstation downloads them from the parent run (server up)
         publish_outputs(outcome.parent.tracking_uri, outcome.parent.parent_run_id, [OUT_DIR / n for n in OUTPUTS], job)
     log.info(

@@ -70,7 +70,8 @@ class PruneManifest:
     PATHS: ClassVar[tuple[str, ...]] = ("ray_experiment_path",)
 
     def metrics_summary(self) -> dict[str, dict[str, float]]:
-        """Per pruned variant (``<variant>_pruned``), for ``dvc metrics show``: test accuracy right after pruning and
+        """Per pruned variant (``<variant>_pruned``), the stage's ``metrics.json`` (``test_acc`` alone, its
+        ``test_acc.json``, is what DVC compares): test accuracy right after pruning and
         after fine-tuning, averaged over seeds. Only what this stage measures: the accuracy before pruning is the
         tune stage's ``test_acc``, params and FLOPs are the analyze stage's."""
         per_variant: dict[str, list[PrunedModel]] = {}

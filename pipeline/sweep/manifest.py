@@ -69,7 +69,8 @@ class TuneManifest:
     PATHS: ClassVar[tuple[str, ...]] = ("ray_experiment_path",)
 
     def metrics_summary(self) -> dict[str, dict[str, float]]:
-        """``accuracy_summary`` of the trials: what ``dvc metrics show`` shows of the sweep."""
+        """``accuracy_summary`` of the trials: the stage's ``metrics.json`` (its ``test_acc`` the ``test_acc.json``
+        that ``dvc metrics show`` and ``dvc exp show`` compare)."""
         return accuracy_summary(self.trials)
 
     def to_json(self) -> dict[str, Any]:
@@ -78,8 +79,7 @@ class TuneManifest:
 
 def accuracy_summary(trials: list[TrialRecord]) -> dict[str, dict[str, float]]:
     """Final test accuracy per variant: mean, count (``test_acc_n``) and std over seeds, of the trials that ran to
-    their end (finished, or stopped early by ASHA); for ``dvc metrics show``. Every key starts with ``test_acc``
-    so the mean is the first column ``dvc exp show`` gives a variant (the file's keys are written sorted)."""
+    their end (finished, or stopped early by ASHA)."""
     per_variant: dict[str, list[float]] = {}
     for trial in trials:
         if trial.status in COMPLETED and "test_acc" in trial.metrics:

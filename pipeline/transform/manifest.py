@@ -67,7 +67,8 @@ class TransformManifest:
     PATHS: ClassVar[tuple[str, ...]] = ("ray_experiment_path",)
 
     def metrics_summary(self) -> dict[str, dict[str, float]]:
-        """Per transform variant, for ``dvc metrics show``: test accuracy before any training (equal to the source's
+        """Per transform variant (the stage's ``metrics.json``; ``test_acc`` alone, its ``test_acc.json``, is what DVC
+        compares): test accuracy before any training (equal to the source's
         ``test_acc`` in ``results/tune/metrics.json``) and after fine-tuning, averaged over seeds."""
         per_name: dict[str, list[TransformedModel]] = {}
         for model in self.models:

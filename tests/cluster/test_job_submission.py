@@ -45,7 +45,7 @@ def test_the_sweep_submitted_as_a_job(
     expected_name = experiment_name(local, prepared_data_hash(local, cluster_project.path))
     expected_commit = git_commit(cluster_project.path)  # the workstation's at submission; the head has no .git
     outputs = cluster_project.path / "results/tune"
-    for name in ("manifest.json", "metrics.json"):
+    for name in ("manifest.json", "metrics.json", "test_acc.json"):
         (outputs / name).unlink(missing_ok=True)
     # The workstation: no Ray address, only the job server's and the token file.
     env = cluster.driver_env(RAY_ADDRESS=None, RAY_API_SERVER_ADDRESS=cluster.head.dashboard)
@@ -60,7 +60,8 @@ def test_the_sweep_submitted_as_a_job(
     assert "submitted job tune-" in done.stderr and "its working_dir (the submitted package)" in done.stdout
 
     manifest = json.loads((outputs / "manifest.json").read_text())
-    assert json.loads((outputs / "metrics.json").read_text())  # both DVC outputs are back in the repository
+    for name in ("metrics.json", "test_acc.json"):  # the stage's DVC outputs are back in the repository
+        assert json.loads((outputs / name).read_text()), name
     assert {t["status"] for t in manifest["trials"]} == {"finished"} and len(manifest["trials"]) == 2
     # The sweep's identity is the one a local run of these params computes: not where data or tracking live.
     assert manifest["experiment_name"] == expected_name

@@ -11,7 +11,6 @@ import io
 import json
 import os
 import re
-import shlex
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.config import load_params
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.tracking.tags import MODEL_URI_TAG
+from tests.project_copy import baseline_files, baseline_mismatches
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -222,26 +222,27 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
 
 
 def test_a_run_compares_against_the_committed_baseline_and_a_second_does_nothing(swept: dict, project: Project) -> None:
-    """The project commits the default's reference metrics (dvc.yaml's metrics files, no dvc.lock), and the test
-    project's commit carries them: with those git-tracked ``cache: false`` outputs DVC runs every stage, a run
-    changes no other tracked file, and ``dvc metrics diff`` / ``dvc exp show`` compare it against the reference. A
-    second ``dvc repro`` then runs nothing, and the dry run says every trial would reuse its run."""
+    """The project commits the default's reference (``make baseline``'s files), and the test project's commit carries
+    them but the lock (the copy leaves out the repository's dvc.lock, a run of other params): with those git-tracked
+    ``cache: false`` outputs DVC runs every stage, a run changes no other tracked file, and ``dvc metrics diff`` /
+    ``dvc exp show`` compare it against the reference. A second ``dvc repro`` then runs nothing, and the dry run says
+    every trial would reuse its run."""
     project.dvc("repro")  # brings the project up to date whatever ran before (a restore: nothing retrains)
     assert yaml.safe_load((project.path / "dvc.lock").read_text())["stages"].keys() == DVC_STAGES.keys()  # all ran
-    metrics_files = {path for stage in DVC_STAGES.values() for entry in stage.get("metrics", []) for path in entry}
-    committed = set(project.run("git", "ls-files", "--", *metrics_files, "dvc.lock").stdout.split())
-    assert committed == metrics_files
+    reference = set(baseline_files())
+    committed = set(project.run("git", "ls-files", "--", *reference).stdout.split())
+    assert committed == reference - {"dvc.lock"}
     changed = project.run("git", "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
-    assert {line[3:] for line in changed} <= metrics_files and " M results/tune/metrics.json" in changed, changed
+    assert {line[3:] for line in changed} <= reference and " M results/tune/test_acc.json" in changed, changed
 
     diff = json.loads(project.dvc("metrics", "diff", "--json").stdout)  # HEAD (the reference) vs the workspace
     for variant in ("sa_quadratic_9", "resnet18"):
-        entry = diff["results/tune/metrics.json"][f"{variant}.test_acc"]
+        entry = diff["results/tune/test_acc.json"][variant]
         assert isinstance(entry["old"], float) and isinstance(entry["new"], float), entry
         assert entry["new"] == json.loads((project.path / "results/tune/metrics.json").read_text())[variant]["test_acc"]
     shown = list(csv.DictReader(io.StringIO(project.dvc("exp", "show", "--csv").stdout)))
     baseline = next(row for row in shown if row["typ"] == "baseline" and row["rev"] != "workspace")  # HEAD
-    assert float(baseline["resnet18.test_acc"]) == diff["results/tune/metrics.json"]["resnet18.test_acc"]["old"]
+    assert float(baseline["resnet18"]) == diff["results/tune/test_acc.json"]["resnet18"]["old"]
 
     done = project.dvc("repro")
     output = done.stdout + done.stderr
@@ -292,29 +293,9 @@ def test_dvc_exp_run_reruns_only_tune_and_names_its_mlflow_runs(
     assert len(runs) == 2 and {run.data.tags.get("dvc.exp_name") for run in runs} == {"habits-exp"}
     shown = project.dvc("exp", "show", "--csv", "--only-changed").stdout
     assert "habits-exp" in shown
-    # Each measure once: no accuracy repeated under another name across the stages' metrics files.
-    rows = list(csv.reader(io.StringIO(shown)))
-    assert not [name for name in rows[0] if name.endswith(("test_acc_mean", "acc_before_pruning"))], rows[0]
-    # docs/running.md's one-screen recipe keeps the experiment, accuracies and the changed params, and drops the rest.
-    recipe = _docs_exp_show_recipe()
-    kept = next(csv.reader(io.StringIO(project.dvc("exp", "show", "--csv", *recipe).stdout)))
-    assert {"train.epochs", "sweep.variants", "resnet18.test_acc"} <= set(kept), kept
-    assert not [name for name in kept if name == "Created" or "/" in name or "gap_to" in name], kept
-    assert len(kept) < len(rows[0]), (kept, rows[0])
-
-
-def _docs_exp_show_recipe() -> list[str]:
-    """The arguments of docs/running.md's ``dvc exp show --only-changed --drop ...`` command (its continued lines)."""
-    readme = (Path(__file__).resolve().parents[2] / "docs/running.md").read_text()
-    start = readme.index("dvc exp show --only-changed --drop")
-    command = []
-    for line in readme[start:].splitlines():
-        command.append(line.split("#")[0].rstrip().removesuffix("\\"))
-        if not line.split("#")[0].rstrip().endswith("\\"):
-            break
-    words = shlex.split(" ".join(command))
-    assert words[:3] == ["dvc", "exp", "show"], words
-    return words[3:]
+    # One column per variant's accuracy, named after it: no accuracy repeated under another name across the metrics.
+    header = next(csv.reader(io.StringIO(shown)))
+    assert "resnet18" in header and not [name for name in header if "test_acc" in name or "acc_after" in name], header
 
 
 def test_interrupted_sweep_restores(swept: dict, project: Project, project_params: dict) -> None:
@@ -453,3 +434,79 @@ def test_the_local_ray_has_token_auth_on(ray_address: str) -> None:
 
     assert get_authentication_mode() == AuthenticationMode.TOKEN
     assert (Path.home() / ".ray/auth_token").is_file()
+
+
+SCREEN = 120  # a terminal's columns
+NUMBER = re.compile(r"[01]\.\d+")  # an accuracy as dvc exp show prints it
+
+
+def test_dvc_exp_show_compares_an_experiment_on_one_screen(swept: dict, project: Project) -> None:
+    """After ``make baseline`` (its files committed) and one ``dvc exp run -S train.epochs=1`` (and an lr), what a
+    user at a 120-column terminal sees: ``dvc exp show`` pages through ``less --chop-long-lines`` (DVC's default
+    pager: each line's first 120 characters on screen, the rest a scroll away); its first screen shows the
+    experiment rows and every variant's accuracy whole, with ``--only-changed`` the changed params too, and that
+    one's CSV has at most 25 columns: the lock makes unchanged dependencies compare equal. (Not ``--no-pager``: DVC
+    squeezes a table of ~100 columns, every param of params.yaml and every dependency, into a strip of "…" cells;
+    docs/running.md.)"""
+    project.run("git", "checkout", "--", "params.yaml")  # the committed profile, whatever an earlier experiment left
+    project.dvc("repro")  # its outputs (a restore: nothing retrains)
+    project.run("git", "add", *baseline_files())  # what `make baseline` stages
+    project.run("git", "commit", "-q", "-m", "baseline")
+    try:
+        mismatches = baseline_mismatches(project.path)  # as tests/unit/test_baseline.py wants the repository's
+        assert not mismatches, "\n".join(mismatches)
+        # An lr of its own: trial identities no other test trains (a run of theirs would be reused, or this by them).
+        project.dvc("exp", "run", "--name", "epochs1", "--set-param", "train.epochs=1", "--set-param", "train.lr=0.08")
+        _one_screen_after_an_experiment(project)
+    finally:  # the shared project as the other tests find it, in whatever order they run: no lock committed
+        project.run("git", "reset", "-q", "HEAD~1")
+        project.run("git", "checkout", "--", "params.yaml")
+
+
+def _one_screen_after_an_experiment(project: Project) -> None:
+    results = project.path / "results"
+    variants = [
+        name
+        for stage in ("tune", "prune", "transform")
+        for name in json.loads((results / stage / "test_acc.json").read_text())
+    ]
+    assert {"resnet18", "sa_quadratic_9", "t_resnet18"} <= set(variants), variants
+    paged = _exp_show(project)
+    _on_screen(paged, variants, variants)
+    changed = _exp_show(project, "--only-changed")
+    _on_screen(changed, [*variants, "train.epochs", "train.lr"], variants)
+    columns = next(csv.reader(io.StringIO(_exp_show(project, "--only-changed", "--csv"))))
+    assert len(columns) <= 25 and {"Experiment", "train.epochs", "train.lr", *variants} <= set(columns), columns
+    manifests = {f"results/{stage}/manifest.json" for stage in ("tune", "prune", "transform")}
+    assert {name for name in columns if "/" in name} <= manifests, columns  # code and data: equal to the baseline's
+    widths = {name: max(map(len, table.splitlines())) for name, table in (("plain", paged), ("changed", changed))}
+    print(
+        f"dvc exp show: {widths['plain']} characters wide plain, {widths['changed']} with --only-changed "
+        f"({len(columns)} CSV columns)"
+    )
+
+
+def _exp_show(project: Project, *args: str) -> str:
+    """``dvc exp show`` as on a ``SCREEN``-column terminal (its pager left to DVC: none when not a terminal)."""
+    env = {**project.env, "COLUMNS": str(SCREEN)}
+    command = ["dvc", "exp", "show", *args]
+    return subprocess.run(command, cwd=project.path, env=env, capture_output=True, text=True, check=True).stdout
+
+
+def _on_screen(table: str, columns: list[str], numbers: list[str]) -> None:
+    """The table's first screen holds every name of ``columns`` whole in its header, its three rows, and a number in
+    the experiment's row under each name of ``numbers`` (a cell is no wider than its header: names are)."""
+    screen = [line[:SCREEN] for line in table.splitlines()]
+    assert not [line for line in screen if "…" in line], table  # no column collapsed or cut on screen
+    at = next(i for i, line in enumerate(screen) if "Experiment" in line)
+    spans = {}
+    for name in columns:
+        found = re.search(rf"(?<!\S){re.escape(name)}(?!\S)", screen[at])
+        assert found, (name, screen[at])
+        spans[name] = found.span()
+    rows = [line for line in screen[at + 1 :] if line.strip() and set(line.strip()) != {"─"}]
+    assert len(rows) == 3 and "workspace" in rows[0], screen  # the workspace, the baseline and the experiment
+    experiment = next(line for line in rows if "[epochs1]" in line)
+    for name in numbers:
+        start, end = spans[name]
+        assert NUMBER.fullmatch(experiment[start:end].strip()), (name, experiment)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import StorageFaultError, lasting_os_error, write_json_atomic
+from pipeline.io import StorageFaultError, lasting_os_error, write_json_atomic, write_stage_metrics
 from stages._cli import make_parser, run
 
 
@@ -30,6 +30,18 @@ def test_the_output_appears_complete_in_one_rename(tmp_path: Path) -> None:
     write_json_atomic(manifest, {"b": 1, "a": [1.5]})
     assert manifest.read_text() == '{\n  "a": [\n    1.5\n  ],\n  "b": 1\n}\n'
     assert [p.name for p in manifest.parent.iterdir()] == ["metrics.json"]  # no temporary file left behind
+
+
+def test_a_stage_writes_its_figures_and_one_accuracy_per_variant_for_dvc(tmp_path: Path) -> None:
+    summary = {
+        "sa_quadratic_9": {"test_acc": 0.95, "test_acc_n": 2, "test_acc_std": 0.01},
+        "resnet18": {"test_acc": 0.99, "test_acc_n": 2, "test_acc_std": 0.0},
+    }
+    write_stage_metrics(tmp_path / "results/tune", summary)
+    assert json.loads((tmp_path / "results/tune/metrics.json").read_text()) == summary
+    headline = (tmp_path / "results/tune/test_acc.json").read_text()
+    assert json.loads(headline) == {"resnet18": 0.99, "sa_quadratic_9": 0.95}  # flat: `dvc exp show` column names
+    assert headline.index("resnet18") < headline.index("sa_quadratic_9")  # sorted, as every output
 
 
 def test_a_lasting_disk_fault_is_found_through_the_wrappers() -> None:
