@@ -18,7 +18,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from pipeline.config import load_params
@@ -65,16 +64,6 @@ def test_every_metrics_file_is_committed() -> None:
     assert tracked == set(files), f"committed: {sorted(tracked)}; make baseline's metrics files: {files}"
 
 
-# Until the next `make baseline` on a fresh clone: the lock came into the baseline with the change that made DVC show
-# one accuracy per variant, and that change's machine could not give the default's 40-epoch run in time. Once a lock
-# is committed, the test below runs as any other.
-LOCK_PENDING = pytest.mark.xfail(
-    _git("ls-files", "--error-unmatch", "dvc.lock").returncode != 0,
-    reason="dvc.lock is not committed yet: run `make baseline` on a fresh clone and commit what it stages",
-    strict=True,
-)
-
-
 def test_the_committed_numbers_are_those_of_the_committed_params() -> None:
     """Every variant of the committed sweep has a reference accuracy (a renamed or added variant needs a refresh:
     ``make baseline`` on a fresh clone), and nothing else is there; each headline is its detailed file's."""
@@ -88,7 +77,6 @@ def test_the_committed_numbers_are_those_of_the_committed_params() -> None:
     assert set(_committed_json("results/analysis/metrics.json")) >= set(params.sweep.variants)
 
 
-@LOCK_PENDING
 def test_the_committed_lock_is_the_committed_reference_run() -> None:
     """One run wrote the lock and the metrics files, on the committed params: tests/integration/test_tune_pipeline.py
     checks the same of a reference a real ``dvc repro`` made."""
