@@ -65,15 +65,7 @@ def _complete_columns(runs: pd.DataFrame | None) -> pd.DataFrame:
     for column in RUN_COLUMNS:
         if column not in frame.columns:
             frame[column] = np.nan
-    for column in (
-        "test_acc",
-        "best_test_acc",
-        "val_selected_test_acc",
-        "epochs",
-        "params",
-        "flops_paper",
-        "flops_full",
-    ):
+    for column in RUN_COLUMNS[RUN_COLUMNS.index("test_acc") :]:  # every column after the run's labels is a number
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
     frame["status"] = frame["status"].map(lambda s: s.lower() if isinstance(s, str) else "")  # NaN/None -> ""
     frame["variant"] = frame["variant"].astype(str)
