@@ -72,16 +72,10 @@ def test_gates_are_averaged_over_seeds_per_head() -> None:
     assert gates_frame(_study(), "sa_quadratic_9").empty
 
 
-def test_section_numbers_figures_and_tables(tmp_path: Path) -> None:
+def test_section_numbers_figures_and_tables(tmp_path: Path, recording_writer) -> None:
     study = _study()
     variants = describe_variants({k: v for k, v in CONFIGS.items() if k != "sa_learned_content"})
-    added: list[str] = []
-
-    def add(name: str, title: str, build, into: list) -> None:  # noqa: ANN001 (analysis.study's writer)
-        made = build()
-        assert not isinstance(made, str)
-        added.append(name)
-        into.append(name)
+    add, added = recording_writer
 
     section, tables = write_beyond_paper(study, variants, "sa_quadratic_9", study.locality(), tmp_path, add)
     assert section is not None and section.title == "Beyond the paper"

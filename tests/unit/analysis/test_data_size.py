@@ -59,15 +59,9 @@ def test_one_row_per_sweep_run_with_its_fraction_accuracy_and_layer_one_distance
     assert encoding_of({"arch": "sa", "encoding": "learned", "content": True}) == "learned+content"
 
 
-def test_the_section_draws_the_figure_and_writes_the_table(tmp_path: Path) -> None:
+def test_the_section_draws_the_figure_and_writes_the_table(tmp_path: Path, recording_writer) -> None:
     study = _study()
-    added: list[str] = []
-
-    def add(name: str, title: str, build, into: list) -> None:  # noqa: ANN001 (analysis.study's writer)
-        made = build()
-        assert not isinstance(made, str)
-        added.append(name)
-        into.append(name)
+    add, added = recording_writer
 
     section, tables = write_data_size(study, study.locality(), tmp_path, add)
     assert section is not None and added == ["data_size"]
