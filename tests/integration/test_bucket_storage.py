@@ -96,6 +96,7 @@ def test_an_interrupted_sweep_is_restored_from_the_bucket(
 ) -> None:
     """SIGINT once a trial has saved a checkpoint in the bucket: the re-run restores the Tune experiment from the
     bucket, continues the same parent and trial runs, and logs every epoch once."""
+    project.dvc("repro", "prepare")  # this test may be the first of its worker's to need the prepared data
     project_params["train"]["epochs"] = 3
     project_params["sweep"].update(seeds=[22], fail_once_after_epoch=None, storage_path=bucket.uri("ray"))
     project.write_params(project_params)
