@@ -10,6 +10,7 @@ never with ``ray stop`` (it stops every Ray on the machine). Each node offers on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_SCRIPT = Path(__file__).with_name("ray_node.py")
 VENV_BIN = Path(sys.executable).parent
 NODE_START_S = 90
+NODE_START_TRIES = 3
 
 
 def free_port() -> int:
@@ -103,7 +105,21 @@ class LocalCluster:
         env: dict[str, str] | None = None,
     ) -> RayNode:
         """A node process (``ray_node.py``) declaring ``cpus`` CPUs and ``gpus`` GPUs, with ``env`` added to the
-        nodes' environment (its Ray workers inherit it); returns once it is up."""
+        nodes' environment (its Ray workers inherit it); returns once it is up. A node that fails to come up is
+        started afresh, up to ``NODE_START_TRIES`` times in all: Ray gives a raylet a fixed 30 s to register with the
+        GCS, which a loaded 2-core machine (the other test worker training, a killed node's trials restarting)
+        sometimes exceeds."""
+        for attempt in range(1, NODE_START_TRIES + 1):
+            try:
+                return self._start_node_once(role, where, prefix, cpus=cpus, gpus=gpus, env=env)
+            except RuntimeError:
+                if attempt == NODE_START_TRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_node_once(
+        self, role: str, where: str, prefix: Sequence[str], *, cpus: int, gpus: int, env: dict[str, str] | None
+    ) -> RayNode:
         log = self.temp_dir / f"node-{len(list(self.temp_dir.glob('node-*.log')))}.log"
         ports = [str(free_port()) for _ in range(3)]  # agent, metrics, dashboard (the head serves the Jobs API there)
         command = [*prefix, sys.executable, str(NODE_SCRIPT), role, where, *ports, str(cpus), str(gpus)]
@@ -124,6 +140,8 @@ class LocalCluster:
         line = process.stdout.readline() if ready else ""
         if not line.startswith("READY"):
             node.stop()
+            with contextlib.suppress(ProcessLookupError):  # a raylet or GCS the failed node process left behind
+                os.killpg(process.pid, signal.SIGKILL)
             raise RuntimeError(f"ray node ({role}) did not start: {line!r}\n{log.read_text()[-3000:]}")
         node.node_id = line.split()[2]
         return node
