@@ -44,6 +44,7 @@ def _run(variant: str, seed: int, gates: list[list[float]] | None) -> LoadedRun:
         seed,
         "finished",
         "tune",
+        params={"train.lr": 0.03 if variant == "sa_gpsa_9" else 0.1},
         history=pd.DataFrame({"epoch": [1, 2], "test_acc": [0.5, 0.8 + seed / 100]}),
         model=nn.Identity(),
         model_config=CONFIGS[variant],
@@ -80,7 +81,8 @@ def test_section_numbers_figures_and_tables(tmp_path: Path, recording_writer) ->
     section, tables = write_beyond_paper(study, variants, "sa_quadratic_9", study.locality(), tmp_path, add)
     assert section is not None and section.title == "Beyond the paper"
     assert added == ["beyond_nonlocality", "beyond_gates_sa_gpsa_9"]
-    assert "final test accuracy 80.5%" in section.body  # GPSA: seeds 0 and 1 end at 80% and 81%
+    assert "final test accuracy 80.5% (+0.5 points from SA quadratic" in section.body  # seeds end at 80% and 81%
+    assert "(sa_gpsa_9), trained at lr 0.03:" in section.body and "(sa_quadratic_9), trained at lr 0.1:" in section.body
     assert "layer 1 1.50 -> 3.50" in section.body  # mean over heads (1 and 2) at epochs 0 and 2
     assert "mean per layer 1..2: 0.75, 0.25" in section.body and "lower in the last layer" in section.body
     assert [p.name for p in tables] == ["beyond_paper_locality.csv", "beyond_paper_gates.csv"]
