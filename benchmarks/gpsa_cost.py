@@ -32,6 +32,7 @@ from benchmarks.common import (
 from pipeline.config import Params, load_params
 from pipeline.models import build_model
 from pipeline.trial.checkpoint import Trial
+from pipeline.trial.device import flush_subnormals
 from pipeline.trial.loop import build_optimizer, build_scheduler, train_one_epoch
 
 DEFAULT_VARIANTS = ["sa_quadratic_9", "sa_gpsa_9"]
@@ -63,6 +64,7 @@ def timed_epochs(params: Params, variants: list[str], pairs: int, images: int) -
     """CPU seconds of each timed epoch per variant, the variants alternating epoch by epoch."""
     torch.set_num_threads(1)
     device = torch.device("cpu")
+    flush_subnormals(device)  # as a trial on the CPU does
     cfg = params.train.model_copy(update={"device": "cpu", "epochs": pairs + 1, "compile": False})
     generator = torch.Generator().manual_seed(0)
     size = params.data.image_size

@@ -50,7 +50,7 @@ from pipeline.measure.speed import (
 )
 from pipeline.models import build_model
 from pipeline.trial.checkpoint import Trial
-from pipeline.trial.device import synchronize
+from pipeline.trial.device import flush_subnormals, synchronize
 from pipeline.trial.loop import build_optimizer, build_scheduler, evaluate, train_one_epoch
 
 PATHS = ("plain", "optimised", "compiled", "truncated", "authors")
@@ -228,6 +228,7 @@ def print_table(rows: list[Row]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device, paths = torch.device(args.device), args.paths
+    flush_subnormals(device)  # as a trial on the CPU does (a no-op on CUDA)
     on_gpu = device.type == "cuda"
     reduced = not on_gpu and not args.full_size
 

@@ -30,6 +30,18 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def flush_subnormals(device: torch.device) -> None:
+    """On the CPU, compute subnormal floats (below 1.2e-38) as zero, in this process from now on.
+
+    Why: a sharpened quadratic head's probabilities far from its centre (exp of a large negative score) fall into that
+    range, and x86 CPUs compute on subnormals many times slower. A trained SA quadratic's training step took twice
+    the CPU time without the flush (0.19 against 0.095 s, batch 64, one thread), so the quadratic models' epochs
+    doubled in time as their heads sharpened. Values that small weigh nothing next to a softmax's 1; the flag is the
+    CPU's (CUDA kernels are unaffected)."""
+    if device.type == "cpu":
+        torch.set_flush_denormal(True)
+
+
 def trial_train_config(cfg: TrainConfig, gpu_ids: list, cpu_fallback: bool) -> TrainConfig:
     """``cfg`` for a trial that Ray gave ``gpu_ids``: on the CPU when it got none; an error naming the option when it
     got some but torch finds no CUDA (unless ``cpu_fallback``: ``sweep.resources.cpu_fallback``), instead of
@@ -97,4 +109,5 @@ def device_tags(cfg: TrainConfig) -> dict[str, str]:
         "torch_version": torch.__version__,
         "cuda_version": str(torch.version.cuda) if device.type == "cuda" else "none",
         "torch_threads": str(torch.get_num_threads()),
+        "subnormals": "flushed to zero" if device.type == "cpu" else "kept",  # flush_subnormals
     }

@@ -48,7 +48,14 @@ from pipeline.trial.checkpoint import (
     rng_state,
     write_checkpoint,
 )
-from pipeline.trial.device import autocast, autocast_dtype, device_tags, resolve_device, synchronize
+from pipeline.trial.device import (
+    autocast,
+    autocast_dtype,
+    device_tags,
+    flush_subnormals,
+    resolve_device,
+    synchronize,
+)
 from pipeline.trial.locality import LOCALITY_BATCH, layer_summary, measure_locality
 from pipeline.trial.report import INITIAL_PREFIX, METRIC_KEYS, VALIDATION_KEYS
 
@@ -443,6 +450,7 @@ def run_trial(
     if resume_from is not None and init_from is not None:
         raise ValueError("pass resume_from (continue a run) or init_from (start a new one), not both")
     device = resolve_device(train_cfg)
+    flush_subnormals(device)
     amp_dtype = autocast_dtype(train_cfg, device)
     resume = load_checkpoint(resume_from) if resume_from is not None else None
     if resume is not None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.config import TrainConfig
-from pipeline.trial.device import gpu_tags, trial_train_config
+from pipeline.trial.device import flush_subnormals, gpu_tags, trial_train_config
 
 
 @pytest.fixture
@@ -43,3 +43,21 @@ def test_a_trial_without_a_gpu_trains_on_the_cpu() -> None:
 def test_gpu_tags_name_rays_gpus_and_what_the_process_sees(no_cuda: None) -> None:
     assert gpu_tags([]) == {}
     assert gpu_tags([1]) == {"ray.gpu_ids": "1", "cuda_visible_devices": "1"}
+
+
+def _flushing() -> bool:
+    """Whether this thread computes subnormals as zero now (torch has no getter for the flag)."""
+    return torch.tensor([1e-39]).item() == 0.0  # below float32's smallest normal number, 1.2e-38
+
+
+def test_a_cpu_trial_computes_subnormals_as_zero() -> None:
+    """A sharpened head's far probabilities are subnormal floats, which x86 computes on many times slower. (A trial
+    that ran earlier in this process left the flag on: the test puts back whatever it found.)"""
+    before = _flushing()
+    try:
+        torch.set_flush_denormal(False)
+        assert not _flushing()
+        flush_subnormals(torch.device("cpu"))
+        assert _flushing() and (torch.full((4,), 1e-20) * 1e-20).eq(0).all()
+    finally:
+        torch.set_flush_denormal(before)

@@ -417,7 +417,7 @@ def test_non_finite_loss_raises_diverged_error():
 
 def test_device_tags_are_strings():
     tags = device_tags(TINY_TRAIN)
-    assert tags["device"] == "cpu" and tags["precision"] == "fp32"
+    assert tags["device"] == "cpu" and tags["precision"] == "fp32" and tags["subnormals"] == "flushed to zero"
     assert all(isinstance(v, str) for v in tags.values())
 
 
