@@ -13,6 +13,7 @@ whose encoding reads the content or that sets ``content``; the reference is the 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 AddFigure = Callable[..., None]  # analysis.study's figure writer: (name, title, build, into=...)
 GATE = "gate"  # the per-head report whose figure this section draws (ConViT's sigma(lambda))
+GATE_INIT = 1 / (1 + math.exp(-1.0))  # sigma(lambda) at ConViT's init, lambda = 1: 0.73
+STAYED = 0.05  # a gate that moved less than this from GATE_INIT over the whole run "did not move"
 LR = "train.lr"  # the run's logged param: GPSA trains at its own rate in the default study (params.yaml says why)
 
 
@@ -81,7 +84,7 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
-def _gate_sentence(gates: pd.DataFrame, label: str) -> str:
+def gate_sentence(gates: pd.DataFrame, label: str) -> str:
     per_layer = gates.groupby("layer")[GATE].mean()
     listing = ", ".join(f"{value:.2f}" for value in per_layer)
     first, last = per_layer.iloc[0], per_layer.iloc[-1]
@@ -91,9 +94,33 @@ def _gate_sentence(gates: pd.DataFrame, label: str) -> str:
         else "not lower in the last layer than in the first, unlike ConViT's finding that late layers escape locality"
     )
     content_heads = int((gates[GATE] < 0.5).sum())
+    moved = float((gates[GATE] - GATE_INIT).abs().max())
+    stayed = (
+        f" No head's gate moved more than {moved:.2f} from its init: under the paper's SGD a gate moves by lr x its "
+        "gradient, which is small here, where ConViT's AdamW steps every parameter by about its lr."
+        if moved < STAYED
+        else ""
+    )
     return (
-        f"Gate sigma(lambda) of {label} after training, mean per layer 1..{len(per_layer)}: {listing} (init 0.73, "
-        f"lambda = 1); {trend}. {content_heads} of {len(gates)} heads end below 0.5, i.e. more content than position."
+        f"Gate sigma(lambda) of {label} after training, mean per layer 1..{len(per_layer)}: {listing} (init "
+        f"{GATE_INIT:.2f}, lambda = 1); {trend}. {content_heads} of {len(gates)} heads end below 0.5, i.e. more "
+        f"content than position.{stayed}"
+    )
+
+
+def content_sentence(reference: pd.DataFrame, variant: pd.DataFrame, labels: tuple[str, str]) -> str:
+    """What reading the content changed at the last epoch, layer by layer: the variant's non-locality minus the
+    reference's (``_first_last`` frames of both)."""
+    both = reference.merge(variant, on="layer", suffixes=("_ref", "_var"))
+    if both.empty:
+        return ""
+    gaps = both["last_var"] - both["last_ref"]
+    wider = [int(layer) for layer, gap in zip(both["layer"], gaps, strict=True) if gap > 0]
+    listing = ", ".join(f"{gap:+.2f}" for gap in gaps)
+    return (
+        f"What reading the content changed: at the last epoch the attention of {labels[1]} is wider than that of "
+        f"{labels[0]} in {len(wider)} of {len(both)} layers ({', '.join(map(str, wider)) or 'none'}); the difference "
+        f"per layer 1..{len(both)}, in tokens: {listing}."
     )
 
 
@@ -127,9 +154,14 @@ def write_beyond_paper(
     sentences: list[str] = []
     locality_rows, gate_tables = [], []
     reference_accuracy = _final_accuracy(curves, reference) if reference in by_name else None
+    reference_ends = _first_last(locality, reference) if reference in by_name else None
+    content_sentences = []
     for variant in compared:
         ends = _first_last(locality, variant.name).assign(variant=variant.name)
         locality_rows.append(ends)
+        if reference_ends is not None and variant.name != reference:
+            labels = (by_name[reference].label, variant.label)
+            content_sentences.append(content_sentence(reference_ends, ends, labels))
         moves = "; ".join(f"layer {int(r.layer)} {r.first:.2f} -> {r.last:.2f}" for r in ends.itertuples())
         final = _final_accuracy(curves, variant.name)
         gap = (
@@ -153,6 +185,7 @@ def write_beyond_paper(
         "the attention.",
         "",
         *sentences,
+        *(["", *filter(None, content_sentences)] if any(content_sentences) else []),
     ]
     frame = locality[locality["variant"].isin([v.name for v in compared])]
     if len(frame):
@@ -175,7 +208,7 @@ def write_beyond_paper(
         if gates.empty:
             continue
         gate_tables.append(gates.assign(variant=variant.name))
-        body += ["", _gate_sentence(gates, variant.label)]
+        body += ["", gate_sentence(gates, variant.label)]
         add_figure(
             f"beyond_gates_{variant.name}",
             f"Gates per head and layer after training: {variant.label}",

@@ -8,7 +8,13 @@ import pandas as pd
 import pytest
 from torch import nn
 
-from analysis.beyond_paper import content_variants, gates_frame, write_beyond_paper
+from analysis.beyond_paper import (
+    content_sentence,
+    content_variants,
+    gate_sentence,
+    gates_frame,
+    write_beyond_paper,
+)
 from analysis.figures import gate_heatmap
 from analysis.runs import LoadedRun, LoadedStudy
 from analysis.variants import describe_variants
@@ -86,6 +92,24 @@ def test_section_numbers_figures_and_tables(tmp_path: Path, recording_writer) ->
     assert "layer 1 1.50 -> 3.50" in section.body  # mean over heads (1 and 2) at epochs 0 and 2
     assert "mean per layer 1..2: 0.75, 0.25" in section.body and "lower in the last layer" in section.body
     assert [p.name for p in tables] == ["beyond_paper_locality.csv", "beyond_paper_gates.csv"]
+    # Same distances in both models (the hand-made runs): no layer wider, each difference 0.
+    assert "is wider than that of SA quadratic" in section.body and "in 0 of 2 layers (none)" in section.body
+    assert "per layer 1..2, in tokens: +0.00, +0.00." in section.body
+    assert "No head's gate moved" not in section.body  # layer 2's gates fell to 0.2-0.3
+
+
+def test_gates_that_stayed_at_their_init_are_named_so() -> None:
+    gates = pd.DataFrame({"layer": [1, 1, 2, 2], "head": [1, 2, 1, 2], "gate": [0.74, 0.73, 0.72, 0.75]})
+    sentence = gate_sentence(gates, "GPSA")
+    assert "No head's gate moved more than 0.02 from its init" in sentence and "(init 0.73, lambda = 1)" in sentence
+
+
+def test_the_content_sentence_lists_the_layers_where_the_variant_is_wider() -> None:
+    reference = pd.DataFrame({"layer": [1, 2, 3], "first": [2.0, 2.0, 2.0], "last": [1.5, 1.7, 2.4]})
+    variant = pd.DataFrame({"layer": [1, 2, 3], "first": [2.0, 2.0, 2.0], "last": [2.0, 1.6, 2.9]})
+    sentence = content_sentence(reference, variant, ("SA quadratic", "GPSA"))
+    assert "wider than that of SA quadratic in 2 of 3 layers (1, 3)" in sentence
+    assert sentence.endswith("in tokens: +0.50, -0.10, +0.50.")
 
 
 def test_no_section_without_such_a_variant(tmp_path: Path) -> None:
