@@ -74,10 +74,11 @@ def _first_last(locality: pd.DataFrame, variant: str) -> pd.DataFrame:
     return pd.DataFrame({"first": ends.first(), "last": ends.last()}).reset_index()
 
 
-def _learning_rates(study: LoadedStudy, variant: str) -> str:
-    """The ``train.lr`` its completed runs logged (a variant may set its own), e.g. ``0.03``; '?' when none did."""
+def _trained_at(study: LoadedStudy, variant: str) -> str:
+    """``, trained at lr 0.03``: the ``train.lr`` its completed runs logged (a variant may set its own); empty when
+    none logged one."""
     rates = sorted({float(run.params[LR]) for run in study.by_variant(variant) if LR in run.params})
-    return ", ".join(f"{rate:g}" for rate in rates) or "?"
+    return f", trained at lr {', '.join(f'{rate:g}' for rate in rates)}" if rates else ""
 
 
 def _pct(value: float | None) -> str:
@@ -170,8 +171,8 @@ def write_beyond_paper(
             else ""
         )
         sentences.append(
-            f"- **{variant.label}** ({variant.name}), trained at lr {_learning_rates(study, variant.name)}: final "
-            f"test accuracy {_pct(final)}{gap}; non-locality (mean attention distance, tokens) first -> last epoch: "
+            f"- **{variant.label}** ({variant.name}){_trained_at(study, variant.name)}: final test accuracy "
+            f"{_pct(final)}{gap}; non-locality (mean attention distance, tokens) first -> last epoch: "
             f"{moves or 'not measured'}."
         )
     body = [

@@ -358,7 +358,8 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "## Convolution-like heads per layer" in report and "| SA learned, 2 heads" in report
     assert "Quoted from the literature" in report and "ConvMixer-256/8, kernel 5, patch 2 (quoted)" in report
     beyond = report.split("## Beyond the paper")[1].split("\n## ")[0]
-    assert "**SA GPSA, 9 heads** (sa_gpsa_9): final test accuracy 60.0%" in beyond  # _acc(0, 3)
+    # _acc(0, 3); these runs log no train.lr, so no "trained at lr" (test_beyond_paper.py checks that clause)
+    assert "**SA GPSA, 9 heads** (sa_gpsa_9): final test accuracy 60.0%" in beyond
     assert "**SA quadratic** (sa_quadratic_9)" in beyond  # the position-only reference beside it
     assert "mean per layer 1..2: 0.73, 0.73 (init 0.73" in beyond  # the builder trains no gate
     assert "](figures/beyond_gates_sa_gpsa_9.png)" in beyond and "](figures/beyond_nonlocality.png)" in beyond
