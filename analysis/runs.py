@@ -5,7 +5,8 @@ and transform manifests when there are), by id, from the manifest's tracking URI
 ``checkpoint/`` artifact (checkpoint.pt, head_history.json) through MLflow into a local folder: the manifests' local
 checkpoint paths are never read, so the analysis runs wherever the MLflow server can be reached (a workstation, not the
 cluster that trained). A run that is missing, failed, or has no usable checkpoint becomes a record with a
-``reason``, never an exception.
+``reason``, never an exception. It writes two things back: one ``analysis`` run with the outputs
+(``log_analysis_run``), and each fetched run's colour in the MLflow UI, its variant's in the figures (``colour_runs``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from torch import nn
 
 from analysis.geometry import locality_frame
+from analysis.palette import variant_style
 from analysis.table import RUN_COLUMNS
 from analysis.variants import PRUNED_SUFFIX
 from pipeline.io import check_tracking_server
@@ -343,6 +345,27 @@ def load_study(
 
 
 ANALYSIS_ROLE = "analysis"
+# The colour the MLflow UI draws a run in: the tag its own colour picker writes (MLflow 3.17.2's UI reads and sets it).
+RUN_COLOUR_TAG = "mlflow.runColor"
+
+
+def colour_runs(study: LoadedStudy) -> int:
+    """Give every run the study analysed its variant's figure colour in the MLflow UI (``RUN_COLOUR_TAG``); a colour
+    a run has already (picked in the UI, or by an earlier analysis) is kept. Why: the UI colours a run from its id, so
+    two variants often get nearly the same blue in its charts. Returns how many runs it coloured."""
+    client = MlflowClient(study.tracking_uri)
+    coloured = 0
+    for record in [*study.runs, *study.transformed]:
+        if not record.run_id or not record.tags or RUN_COLOUR_TAG in record.tags:  # no run fetched, or coloured
+            continue
+        try:
+            client.set_tag(record.run_id, RUN_COLOUR_TAG, variant_style(record.variant).colour)
+        except MlflowException as err:  # a run in another store (a prune manifest's own tracking_uri): left as is
+            log.info("MLflow: run %s not coloured (%s)", record.run_id, err.error_code)
+            continue
+        record.tags[RUN_COLOUR_TAG] = variant_style(record.variant).colour
+        coloured += 1
+    return coloured
 
 
 def log_analysis_run(

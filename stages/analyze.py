@@ -98,7 +98,7 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     if prune is None:
         log.info("no %s: the pruned row and Fig. 7's marks wait for the prune stage", args.prune_manifest)
     # MLflow, torch and matplotlib are imported after the inputs are known good: --help and bad input stay fast.
-    from analysis.runs import load_study, log_analysis_run
+    from analysis.runs import RUN_COLOUR_TAG, colour_runs, load_study, log_analysis_run
     from analysis.study import Layout, setting_of, write_outputs
 
     data = params.data.model_dump(mode="json")
@@ -119,6 +119,8 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     if args.no_mlflow:
         return 0
     log.info("step 3/3: logging the outputs to MLflow")
+    if coloured := colour_runs(study):
+        log.info("MLflow: %d runs drawn in their variants' figure colours (tag %s)", coloured, RUN_COLOUR_TAG)
     metrics = {f"{v}.test_acc_mean": s["test_acc_mean"] for v, s in outputs.summary.items() if s["test_acc_mean"]}
     run_id = log_analysis_run(
         study,

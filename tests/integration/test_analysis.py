@@ -23,6 +23,8 @@ import yaml
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from analysis.palette import variant_style
+from analysis.runs import RUN_COLOUR_TAG
 from analysis.table import BEST_LABEL, TEST_SELECTED_LABEL, VAL_SELECTED_LABEL
 from pipeline.config import PAPER_VARIANTS, ModelConfig, VariantConfig
 from pipeline.measure.counting import count_parameters
@@ -372,8 +374,16 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert analysis.data.tags["analysis.tune_parent_run_id"] and analysis.data.tags["analysis.prune_parent_run_id"]
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(analysis.info.run_id, "figures")}
     assert "figures/fig4_accuracy.png" in artifacts
+    # Each trial's run drawn in the MLflow UI in its variant's figure colour; a colour picked in the UI stays.
+    client = MlflowClient(uri)
+    manifest = json.loads((tmp_path / "results/tune/manifest.json").read_text())
+    trials = [t for t in manifest["trials"] if t["status"] == "finished" and t["run_id"] != "0" * 32]  # in MLflow
+    for trial in trials:
+        assert client.get_run(trial["run_id"]).data.tags[RUN_COLOUR_TAG] == variant_style(trial["variant"]).colour
+    client.set_tag(trials[0]["run_id"], RUN_COLOUR_TAG, "#123456")
     assert main([]) == 0  # same inputs: the analysis run is reused, not duplicated
     assert [r.info.run_id for r in _analysis_runs(uri, experiment_id)] == [analysis.info.run_id]
+    assert client.get_run(trials[0]["run_id"]).data.tags[RUN_COLOUR_TAG] == "#123456"
 
 
 def test_without_prune_manifest_the_pruned_model_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
