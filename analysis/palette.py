@@ -3,9 +3,10 @@ whatever else the study holds, so adding a variant recolours none of the others.
 
 The paper's models have Okabe-Ito colours (colour-blind-safe) and solid lines, fixed here once: the two quadratic
 models in blues, the generalized one and its pruned copy in vermillion and orange, the learned one in green, ResNet18
-in black. Any other name gets one of ``OTHER_COLOURS`` (24: twelve evenly spaced hues, dark and light) and one of
-``OTHER_DASHES`` from a stable hash of the name (sha256; Python's ``hash`` is salted per process), so it is never
-drawn as one of the paper's models and two names rarely share both (1 in 72 per pair). An order-based palette would
+in black; ConViT's GPSA (``sa_gpsa_9``, in the default study) in purple. Any other name gets one of
+``OTHER_COLOURS`` (24: twelve evenly spaced hues, dark and light) and one of ``OTHER_DASHES`` from a stable hash of
+the name (sha256; Python's ``hash`` is salted per process), so it is never drawn as one of those models and two
+names rarely share both (1 in 72 per pair). An order-based palette would
 be collision-free within a study but recolour every variant after the one added; a stable name-based choice cannot be
 both, so a legend always names each line.
 """
@@ -28,6 +29,9 @@ PAPER_COLOURS = {
     "sa_generalized_9_pruned": "#E69F00",
     "sa_learned_9": "#009E73",
 }
+# The default study's model beyond the paper (ConViT's GPSA), in the one Okabe-Ito colour left that reads on white:
+# a hashed colour put it in a light blue beside the quadratic models' blues.
+FIXED_COLOURS = {**PAPER_COLOURS, "sa_gpsa_9": "#CC79A7"}
 _DARK = sns.husl_palette(12, s=0.9, l=0.42).as_hex()
 _LIGHT = sns.husl_palette(12, s=0.9, l=0.62, h=0.01 + 1 / 24).as_hex()  # half a hue step on: between the dark ones
 OTHER_COLOURS = [colour for dark, light in zip(_DARK, _LIGHT, strict=True) for colour in (dark, light)]
@@ -46,9 +50,9 @@ class Style:
 
 
 def variant_style(name: str) -> Style:
-    """The variant's colour and line style: fixed for the paper's names, a stable hash of the name otherwise."""
-    if name in PAPER_COLOURS:
-        return Style(PAPER_COLOURS[name])
+    """The variant's colour and line style: fixed for the default study's names, a stable hash of the name otherwise."""
+    if name in FIXED_COLOURS:
+        return Style(FIXED_COLOURS[name])
     digest = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
     colour, dash = divmod(digest, len(OTHER_DASHES))
     return Style(OTHER_COLOURS[colour % len(OTHER_COLOURS)], OTHER_DASHES[dash])

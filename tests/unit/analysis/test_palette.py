@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from analysis.palette import PAPER_COLOURS, variant_style
+from analysis.palette import FIXED_COLOURS, PAPER_COLOURS, variant_style
 from analysis.variants import describe_variants
 
 PAPER = ["resnet18", "sa_quadratic_9", "sa_quadratic_16", "sa_generalized_9", "sa_generalized_9_pruned", "sa_learned_9"]
@@ -37,4 +37,8 @@ def test_the_colour_of_a_name_is_the_same_in_another_process() -> None:
 def test_other_names_spread_over_colours_and_dashes() -> None:
     styles = {variant_style(f"variant_{i}") for i in range(200)}
     assert len({s.colour for s in styles}) == 24 and {s.dash for s in styles} == {"--", "-.", ":"}
-    assert not {s.colour for s in styles} & set(PAPER_COLOURS.values())  # never drawn as one of the paper's models
+    assert not {s.colour for s in styles} & set(FIXED_COLOURS.values())  # never drawn as one of the study's models
+
+
+def test_the_default_studys_gpsa_has_a_colour_of_its_own() -> None:
+    assert variant_style("sa_gpsa_9").colour == "#CC79A7" not in PAPER_COLOURS.values()
