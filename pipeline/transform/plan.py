@@ -21,6 +21,7 @@ from pipeline.config import Params
 from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.models.conv_to_attention import DEFAULT_ALPHA
 from pipeline.models.transformed_resnet import TransformedResNet18, transform_resnet
+from pipeline.sweep.finetune import finetune_lr
 from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest
 from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
 from pipeline.trial.loop import DeviceData
@@ -140,12 +141,13 @@ def format_plans(plans: list[TransformPlan], params: Params, actions: dict[str, 
     """The dry run: per network, its source run, the layers converted, params and FLOPs before and after, and
     (``actions``) whether its fine-tuning would reuse a finished run, resume one or train."""
     cfg = params.transform
-    lines = [f"fine-tuning: {cfg.epochs} epochs at lr {params.train.lr * cfg.lr_factor:g}", ""]
+    lines = [f"fine-tuning: {cfg.epochs} epochs at {cfg.lr_factor:g} x the source trial's lr", ""]
     for plan in plans:
         action = f"; fine-tuning: {actions[plan.key]}" if actions and plan.key in actions else ""
+        lr = finetune_lr(params, plan.source.variant, cfg.lr_factor)  # a variant may set its own train.lr
         lines.append(
             f"{plan.key} (from {plan.source.variant} run {plan.source.run_id}): {len(plan.model.converted)} "
-            f"3x3 convolutions as 9-head attention{action}"
+            f"3x3 convolutions as 9-head attention; fine-tuning lr {lr:g}{action}"
         )
         lines.append(
             f"    params {plan.params_source:,} -> {plan.params:,}; FLOPs/image (paper convention) "
