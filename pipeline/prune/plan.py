@@ -20,7 +20,7 @@ from torch import nn
 from pipeline.config import Params
 from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.models.pruning import covariance_geometry, head_decisions, prune_model, pruned_per_layer
-from pipeline.sweep.finetune import finetune_lr
+from pipeline.sweep.finetune import schedule_params
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest
 from pipeline.sweep.storage import StoragePath, found_file
@@ -164,9 +164,10 @@ def format_plans(
         else f"fraction (ours): per layer the {cfg.fraction:g} most degenerate heads, at least one"
     )
     lines = [f"rule: {rule}", f"fine-tuning: {cfg.epochs} epochs at {cfg.lr_factor:g} x the trial's lr", ""]
+    tuned = schedule_params(params, cfg.lr_factor, cfg.epochs)  # what the fine-tuning trials train with
     for plan in plans:
         action = f"; fine-tuning: {actions[plan.key]}" if actions and plan.key in actions else ""
-        lr = finetune_lr(params, plan.source.variant, cfg.lr_factor)  # a variant may set its own train.lr
+        lr = tuned.train_for(plan.source.variant).lr  # a variant may set its own train.lr
         lines.append(
             f"{plan.key} (run {plan.source.run_id}): heads cut per layer {plan.pruned_heads}, "
             f"left {plan.heads_per_layer}; fine-tuning lr {lr:g}{action}"

@@ -63,15 +63,6 @@ def schedule_params(params: Params, lr_factor: float, epochs: int) -> Params:
     return parse_params(dumped)
 
 
-def finetune_lr(params: Params, variant: str, lr_factor: float) -> float:
-    """The lr a model built from a trial of ``variant`` fine-tunes at (``schedule_params``): its own ``train.lr``, or
-    the shared one for a variant the params no longer define, x ``lr_factor``."""
-    try:
-        return params.train_for(variant).lr * lr_factor
-    except KeyError:
-        return params.train.lr * lr_factor
-
-
 def source_identity(source: TrialRecord) -> Any:
     """The source trial's identity; one without a key (a manifest written before trial keys): its run and the code."""
     return source.trial_key or {"run": source.run_id, "code": code_hash()}

@@ -21,7 +21,7 @@ from pipeline.config import Params
 from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.models.conv_to_attention import DEFAULT_ALPHA
 from pipeline.models.transformed_resnet import TransformedResNet18, transform_resnet
-from pipeline.sweep.finetune import finetune_lr
+from pipeline.sweep.finetune import schedule_params
 from pipeline.sweep.manifest import FINISHED, TrialRecord, TuneManifest
 from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
 from pipeline.trial.loop import DeviceData
@@ -142,9 +142,10 @@ def format_plans(plans: list[TransformPlan], params: Params, actions: dict[str, 
     (``actions``) whether its fine-tuning would reuse a finished run, resume one or train."""
     cfg = params.transform
     lines = [f"fine-tuning: {cfg.epochs} epochs at {cfg.lr_factor:g} x the source trial's lr", ""]
+    tuned = schedule_params(params, cfg.lr_factor, cfg.epochs)  # what the fine-tuning trials train with
     for plan in plans:
         action = f"; fine-tuning: {actions[plan.key]}" if actions and plan.key in actions else ""
-        lr = finetune_lr(params, plan.source.variant, cfg.lr_factor)  # a variant may set its own train.lr
+        lr = tuned.train_for(plan.source.variant).lr  # a variant may set its own train.lr
         lines.append(
             f"{plan.key} (from {plan.source.variant} run {plan.source.run_id}): {len(plan.model.converted)} "
             f"3x3 convolutions as 9-head attention; fine-tuning lr {lr:g}{action}"

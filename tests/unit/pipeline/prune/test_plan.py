@@ -115,6 +115,8 @@ def test_plan_prunes_a_trained_checkpoint_and_counts_what_it_saves(tmp_path: Pat
     assert plan.params_before - plan.params_after == sum(expected) * per_head
     assert sum(d["pruned"] for layer in plan.decisions for d in layer) == sum(expected)
     assert "heads cut per layer" in format_plans([plan], [], params)
+    lr = finetune_params(params).train_for("sa_generalized_9").lr  # the dry run prints what fine-tuning uses
+    assert f"; fine-tuning lr {lr:g}" in format_plans([plan], [], params)
 
 
 def test_fine_tuning_uses_the_prune_schedule_and_no_asha() -> None:

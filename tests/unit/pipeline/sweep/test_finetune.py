@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import parse_params
-from pipeline.sweep.finetune import finetune_lr, schedule_params
+from pipeline.sweep.finetune import schedule_params
 
 
 def test_a_variant_with_its_own_lr_fine_tunes_at_that_lr_scaled() -> None:
@@ -18,13 +18,3 @@ def test_a_variant_with_its_own_lr_fine_tunes_at_that_lr_scaled() -> None:
     assert tuned.train_for("g").lr == pytest.approx(0.001) and tuned.train_for("r").lr == pytest.approx(0.01)
     assert tuned.train_for("g").epochs == tuned.train_for("r").epochs == 2
     assert params.train_for("g").lr == 0.01  # the sweep's own params are untouched
-
-
-def test_the_dry_runs_fine_tuning_lr_is_the_one_schedule_params_gives() -> None:
-    """What the prune and transform dry runs print per model: the variant's own lr scaled, the shared one for a
-    variant the params no longer define (a manifest of an earlier sweep)."""
-    variants = {"g": {"arch": "sa", "encoding": "gpsa", "heads": 9, "train.lr": 0.01}, "r": {"arch": "resnet18"}}
-    params = parse_params({"train": {"lr": 0.1}, "variants": variants, "sweep": {"variants": ["g", "r"]}})
-    tuned = schedule_params(params, lr_factor=0.1, epochs=2)
-    assert finetune_lr(params, "g", 0.1) == pytest.approx(tuned.train_for("g").lr) == pytest.approx(0.001)
-    assert finetune_lr(params, "r", 0.1) == pytest.approx(0.01) == pytest.approx(finetune_lr(params, "gone", 0.1))

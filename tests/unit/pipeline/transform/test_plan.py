@@ -119,6 +119,8 @@ def test_a_saved_resnet_is_rebuilt_exactly_and_counted(tmp_path: Path) -> None:
     assert exact["max_logit_diff_float64"] <= 1e-9
     assert exact["max_logit_diff_float32"] <= 1e-4
     assert "t_resnet18-seed0 (from resnet18 run run-resnet18-0): 17 3x3 convolutions" in format_plans([plan], params)
+    lr = finetune_params(params).train_for("resnet18").lr  # the dry run prints what fine-tuning uses
+    assert f"as 9-head attention; fine-tuning lr {lr:g}" in format_plans([plan], params)
     assert transform_key(params, plan) != transform_key(_params(epochs=5), plan)
 
 
