@@ -358,12 +358,13 @@ def colour_runs(study: LoadedStudy) -> int:
     for record in [*study.runs, *study.transformed]:
         if not record.run_id or not record.tags or RUN_COLOUR_TAG in record.tags:  # no run fetched, or coloured
             continue
+        colour = variant_style(record.variant).colour
         try:
-            client.set_tag(record.run_id, RUN_COLOUR_TAG, variant_style(record.variant).colour)
+            client.set_tag(record.run_id, RUN_COLOUR_TAG, colour)
         except MlflowException as err:  # a run in another store (a prune manifest's own tracking_uri): left as is
             log.info("MLflow: run %s not coloured (%s)", record.run_id, err.error_code)
             continue
-        record.tags[RUN_COLOUR_TAG] = variant_style(record.variant).colour
+        record.tags[RUN_COLOUR_TAG] = colour
         coloured += 1
     return coloured
 
