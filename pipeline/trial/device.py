@@ -31,7 +31,10 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
 
 
 def flush_subnormals(device: torch.device) -> None:
-    """On the CPU, compute subnormal floats (below 1.2e-38) as zero, in this process from now on.
+    """On the CPU, compute subnormal floats (below 1.2e-38) as zero from now on: on this thread and on the intra-op
+    threads torch starts later, which inherit the setting; a thread that already exists keeps its own (checked: with 2
+    threads, flushing after the first parallel kernel flushed half of a product, before it all of it). So call it
+    before the process runs any kernel, as ``run_trial`` does in a fresh Ray worker.
 
     Why: a sharpened quadratic head's probabilities far from its centre (exp of a large negative score) fall into that
     range, and x86 CPUs compute on subnormals many times slower. A trained SA quadratic's training step took twice
