@@ -109,13 +109,10 @@ class LocalCluster:
         started afresh, up to ``NODE_START_TRIES`` times in all: Ray gives a raylet a fixed 30 s to register with the
         GCS, which a loaded 2-core machine (the other test worker training, a killed node's trials restarting)
         sometimes exceeds."""
-        for attempt in range(1, NODE_START_TRIES + 1):
-            try:
+        for _ in range(NODE_START_TRIES - 1):
+            with contextlib.suppress(RuntimeError):
                 return self._start_node_once(role, where, prefix, cpus=cpus, gpus=gpus, env=env)
-            except RuntimeError:
-                if attempt == NODE_START_TRIES:
-                    raise
-        raise AssertionError("unreachable")
+        return self._start_node_once(role, where, prefix, cpus=cpus, gpus=gpus, env=env)  # the last try raises
 
     def _start_node_once(
         self, role: str, where: str, prefix: Sequence[str], *, cpus: int, gpus: int, env: dict[str, str] | None
