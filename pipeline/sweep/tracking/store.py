@@ -50,7 +50,14 @@ PROBE_TIMEOUT_S = 2.0
 KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 PLAN_PAGE = 50_000  # runs per search request when planning: MLflow's largest page (SEARCH_MAX_RESULTS_THRESHOLD)
-OUTAGE_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.RetryError)
+# ChunkedEncodingError: the server died while it sent its reply ("Connection broken: IncompleteRead"); the write may
+# have landed, which the outage buffer's replay allows for (it skips the epochs a run already has).
+OUTAGE_ERRORS = (
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    requests.exceptions.RetryError,
+    requests.exceptions.ChunkedEncodingError,
+)
 
 
 # Per request of the sweep's writes to an http server: one retry after 0.5 s, 10 s to connect or answer. A dead server

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -37,6 +38,18 @@ def test_an_unreachable_server_is_an_outage_and_a_refused_request_is_not(
     with pytest.raises(MlflowException) as refused:
         MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run("0" * 32)  # no such run: a request that cannot succeed
     assert not is_outage(refused.value)
+
+
+def test_a_reply_cut_off_by_a_dying_server_is_an_outage() -> None:
+    """MLflow's client wraps whatever ``requests`` raised in a bare MlflowException (the error is its context): a
+    server killed while it answered a write raised ChunkedEncodingError, and the sweep crashed instead of buffering."""
+    cut = requests.exceptions.ChunkedEncodingError("Connection broken: IncompleteRead(0 bytes read, 2 more expected)")
+    with pytest.raises(MlflowException) as wrapped:
+        try:
+            raise cut
+        except Exception as err:  # as mlflow.utils.rest_utils.http_request does
+            raise MlflowException(f"API request failed with exception {err}")  # noqa: B904
+    assert is_outage(wrapped.value)
 
 
 def test_writes_queue_in_order_on_disk_without_a_client_call_each_while_down(
