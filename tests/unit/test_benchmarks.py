@@ -101,7 +101,7 @@ def test_train_throughput_prints_every_model_and_path(capsys: pytest.CaptureFixt
         "--models",
         "sa_quadratic_9,resnet18",
         "--paths",
-        "plain,optimised,truncated,authors",
+        "plain,optimised,channels_last,truncated,authors",
         "--steps",
         "1",
         "--batch-size",
@@ -120,6 +120,7 @@ def test_train_throughput_prints_every_model_and_path(capsys: pytest.CaptureFixt
     assert set(rows) == {(m, p) for m in ("sa_quadratic_9", "resnet18") for p in ("plain", "optimised")} | {
         ("sa_quadratic_9", "truncated"),
         ("sa_quadratic_9", "authors"),
+        ("resnet18", "channels_last"),  # a layout for convolutions: the SA model has none
     }
     for row in rows.values():
         train_ips, eval_ips, step_ms, _, memory, gflop, mfu, epoch_s = (row[i] for i in range(2, 10))

@@ -117,6 +117,7 @@ def test_evidence_runs_with_only_the_gpu_machines_packages(
     assert all(r["pass"] for r in sections["logits"]["results"])
     paths = {(r["model"], r["path"]) for r in sections["throughput"]["results"] if "train_ips" in r}
     assert {("sa_quadratic_9", p) for p in ("plain", "optimised", "authors", "truncated")} <= paths
+    assert ("resnet18", "channels_last") in paths and ("sa_quadratic_9", "channels_last") not in paths
     assert ("resnet18", "authors") not in paths and ("sa_learned_9", "truncated") not in paths
     assert [r["processes"] for r in sections["sharing"]["results"]] == [1, 2]
     runs = sections["training"]["results"]["runs"]
