@@ -184,7 +184,8 @@ def measure(
         runner = torch.compile(model, mode="reduce-overhead")
     optimizer = build_optimizer(model, cfg)
     trial = Trial(model, optimizer, build_scheduler(optimizer, cfg, args.steps), generator, runner=runner)
-    warm = synthetic_device_data(device, args.batch_size, args.eval_batch_size, generator)
+    # Two batches each: CUDA graphs (the graphed path) run a warm-up call, then record on the second.
+    warm = synthetic_device_data(device, 2 * args.batch_size, 2 * args.eval_batch_size, generator)
 
     # First calls: CUDA/cuBLAS initialisation, and compilation of the train and eval graphs on the compiled path.
     synchronize(device)

@@ -64,10 +64,11 @@ class MultiHeadSelfAttention(nn.Module):
         """
         device_type = next(self.encoding.parameters()).device.type
         # Off where autocast exists; a device without it (``meta``: shapes only, as the memory estimate runs the
-        # model) has nothing to turn off.
+        # model) has nothing to turn off. A compiled model runs on a real device, and asking torch 2.11's Dynamo
+        # whether autocast exists breaks the graph (a CUDA-graphed step then becomes seven), so it does not ask.
         exact = (
             torch.autocast(device_type, enabled=False)
-            if torch.amp.is_autocast_available(device_type)
+            if torch.compiler.is_compiling() or torch.amp.is_autocast_available(device_type)
             else nullcontext()
         )
         with exact:

@@ -343,7 +343,8 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
     # (reuse_actors): without a reset, graphs of earlier trials' models fill the recompile limit and a later
     # trial silently runs eagerly.
     torch._dynamo.reset()
-    trial.runner = torch.compile(model)  # shares model's parameters; the checkpoint keeps the eager names
+    mode = cfg.compile if isinstance(cfg.compile, str) else None  # true: torch's default mode
+    trial.runner = torch.compile(model, mode=mode)  # shares model's parameters; the checkpoint keeps the eager names
     rng = rng_state(trial.generator, device)
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     started = time.perf_counter()

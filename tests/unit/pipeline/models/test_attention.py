@@ -187,3 +187,23 @@ def test_a_float64_model_keeps_float64_probabilities(name: str) -> None:
     reference = torch.softmax(encoding.scores((5, 5)), dim=-1)  # float64 throughout
     assert probs.dtype == torch.float64
     torch.testing.assert_close(probs, reference, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+        ),
+    ],
+)
+def test_the_layer_compiles_as_one_graph_under_autocast(device: str) -> None:
+    """A graph break splits a CUDA-graphed step into pieces with host work between them (torch 2.11's Dynamo broke
+    on asking whether autocast exists, which made ``train.compile: reduce-overhead`` slower than eager on an H200)."""
+    torch._dynamo.reset()
+    for encoding in _encodings():
+        layer = MultiHeadSelfAttention(encoding, in_dim=6, out_dim=6).to(device)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            explained = torch._dynamo.explain(layer)(torch.randn(2, 12, 6, device=device), GRID)
+        assert explained.graph_break_count == 0, (type(encoding).__name__, explained.break_reasons)
