@@ -154,7 +154,9 @@ def cuda_tests(ev: Evidence) -> dict[str, Any]:
     files = sorted(
         str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text()
     )
-    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *files]
+    # A failure's traceback, not its captured log: Dynamo's debug log filled the 3,000 characters kept (H200, Nov 28).
+    quiet = ["-q", "--tb=short", "--show-capture=no", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", *quiet, *files]
     done = subprocess.run(
         command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=max(30.0, min(ev.left(), 240.0))
     )
@@ -522,11 +524,11 @@ def _cell(value: Any) -> str:
 # default budget, so one slow section cannot starve the ones after it).
 SECTION_WORK = {
     "environment": (environment, 5.0, 20.0),
-    "cuda_tests": (cuda_tests, 20.0, 40.0),
+    "cuda_tests": (cuda_tests, 20.0, 80.0),  # two of them compile: 40 s was too little on a cold inductor cache
     "logits": (logits, 15.0, 40.0),
-    "throughput": (throughput, 30.0, 230.0),
-    "sharing": (sharing, 30.0, 60.0),
-    "training": (training, 40.0, 150.0),
+    "throughput": (throughput, 30.0, 210.0),
+    "sharing": (sharing, 30.0, 50.0),
+    "training": (training, 40.0, 140.0),
 }
 
 

@@ -64,6 +64,10 @@ class PositionalEncoding(nn.Module):
 
     def _offsets(self, grid: tuple[int, int], like: Tensor) -> Tensor:
         """Relative offsets for ``grid`` as ``like``'s dtype/device, cached because every forward needs them."""
+        if torch.compiler.is_compiling():
+            # Part of the compiled graph instead: torch 2.11's Dynamo breaks the graph on the cache's
+            # ``__dict__.setdefault``, and a CUDA-graphed step split into pieces failed in training (H200).
+            return relative_offsets(*grid, device=like.device).to(like.dtype)
         cache = self.__dict__.setdefault("_offset_cache", {})
         key = (grid, like.device, like.dtype)
         if key not in cache:
