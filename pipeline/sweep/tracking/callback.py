@@ -253,6 +253,7 @@ class MlflowTrialCallback(Callback):
             STATUS_TAG: "running",
         }
         run_id = self._create_run(trial.trial_id, described.run_name, tags)
+        self.epoch_writes.opened(run_id)
         self._remember(trial, tags, described.run_name)
         now = int(time.time() * 1000)
         self.buffer.log_batch(

@@ -22,6 +22,7 @@ import mlflow.pytorch
 import torch
 from mlflow.data.dataset_source_registry import get_dataset_source_from_json
 from mlflow.data.meta_dataset import MetaDataset
+from mlflow.entities import RunTag
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
@@ -123,9 +124,10 @@ def log_checkpoint(
     ``run_id``, and its final model: tags ``tune.checkpoint`` (the folder, or ``location``: where it is kept when
     ``checkpoint_dir`` is a downloaded copy) and ``model_uri``. ``payload``: ``checkpoint.pt`` already loaded."""
     client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
-    client.set_tag(run_id, CHECKPOINT_TAG, location or str(checkpoint_dir))
     model_uri = log_trial_model(tracking_uri, run_id, checkpoint_dir, dataset, payload)
-    client.set_tag(run_id, MODEL_URI_TAG, model_uri)
+    # Both tags in one request once both are known (a failed model log fails the whole end, which is retried).
+    tags = [RunTag(CHECKPOINT_TAG, location or str(checkpoint_dir)), RunTag(MODEL_URI_TAG, model_uri)]
+    client.log_batch(run_id, tags=tags)
 
 
 def download_checkpoint(tracking_uri: str, artifact_uri: str, destination: Path) -> str:
