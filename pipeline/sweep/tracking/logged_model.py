@@ -125,7 +125,8 @@ def log_checkpoint(
     ``checkpoint_dir`` is a downloaded copy) and ``model_uri``. ``payload``: ``checkpoint.pt`` already loaded."""
     client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
     model_uri = log_trial_model(tracking_uri, run_id, checkpoint_dir, dataset, payload)
-    # Both tags in one request once both are known (a failed model log fails the whole end, which is retried).
+    # Both tags in one request once both are known: a model log that fails leaves neither, so the run does not count
+    # as complete (``reuse.is_complete`` needs the checkpoint tag) and a later sweep does not reuse it.
     tags = [RunTag(CHECKPOINT_TAG, location or str(checkpoint_dir)), RunTag(MODEL_URI_TAG, model_uri)]
     client.log_batch(run_id, tags=tags)
 
