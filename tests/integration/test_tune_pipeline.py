@@ -165,7 +165,10 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
     """The runs table, the page `make ui` prints (the trials in model-training mode, best test_acc first, with the
     test_acc column), the parent's run page (summary metrics, description), a child's run page (its dataset and
     model) and the registered model's page, rendered by the real MLflow UI in headless Chromium; the screenshots
-    stay in tmp_path."""
+    stay in tmp_path. Each page opens in a fresh browser profile, as a colleague's link would: the experiments list
+    (in the home page's order, newest first) has the study's experiment before its internal claims, and the
+    experiment's plain address (MLflow's GenAI mode, the default of a browser that never flipped the switch) offers
+    the trials as "Training runs"."""
     if not CHROMIUM.exists():
         pytest.skip("headless Chromium not installed (/usr/bin/chromium; apt-get install chromium)")
     manifest = swept["manifest"]
@@ -183,6 +186,8 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
         "parent": f"{experiment}/runs/{parent.info.run_id}",
         "child": f"{experiment}/runs/{child.info.run_id}",
         "registered_model": f"{manifest['tracking_uri']}/#/models/it-sweep.resnet18",
+        "experiments": f"{manifest['tracking_uri']}/#/experiments",  # the home page's 5 most recent, 25 to a page
+        "experiment": experiment,
     }
     dom = {}
     for name, url in pages.items():
@@ -219,6 +224,10 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
     assert child.data.tags[MODEL_URI_TAG].removeprefix("models:/") in dom["child"]  # its logged model
     assert "it-sweep.resnet18" in dom["registered_model"] and "Version" in dom["registered_model"]
     assert "@&nbsp;best<" in dom["registered_model"]  # the alias on the best version
+    study = client.get_experiment(manifest["experiment_id"]).name
+    listed = [dom["experiments"].find(f">{name}</a>") for name in (study, f"{study}.claims")]
+    assert -1 not in listed and listed == sorted(listed), listed  # the study first, then its claims
+    assert ">Training runs<" in dom["experiment"]  # GenAI mode's entry to the runs: trials log models
 
 
 def test_a_run_compares_against_the_committed_baseline_and_a_second_does_nothing(swept: dict, project: Project) -> None:

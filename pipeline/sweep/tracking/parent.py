@@ -19,6 +19,7 @@ from mlflow.exceptions import MlflowException
 
 from pipeline.sweep.location import ARTIFACTS_DIR
 from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.tracking.claims import CLAIMS_SUFFIX
 from pipeline.sweep.tracking.store import artifact_root, ensure_experiment, mlflow_client, prepare_store
 from pipeline.sweep.tracking.tags import context_tags
 
@@ -65,7 +66,8 @@ def open_parent_run(
     artifact locations follow the project when it is copied or moved; a store the user named is never rewritten."""
     prepare_store(uri, project_root / ARTIFACTS_DIR if default_store else None)
     client = mlflow_client(uri)
-    experiment_id = ensure_experiment(client, experiment, artifact_root(uri, project_root))
+    location = artifact_root(uri, project_root)
+    experiment_id = ensure_experiment(client, experiment, location, created_after=f"{experiment}{CLAIMS_SUFFIX}")
     record = experiment_dir / PARENT_FILE
     if record.is_file():
         saved = json.loads(record.read_text())

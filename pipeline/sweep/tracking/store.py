@@ -162,11 +162,20 @@ def artifact_root(uri: str, project_root: Path) -> str | None:
     return (project_root / ARTIFACTS_DIR).resolve().as_uri() if uri.startswith("sqlite:") else None
 
 
-def ensure_experiment(client: MlflowClient, name: str, location: str | None) -> str:
+def ensure_experiment(
+    client: MlflowClient, name: str, location: str | None, *, created_after: str | None = None
+) -> str:
     """The experiment's id, created once here in the driver (a cold store must not be migrated by many writers), as a
-    model-training experiment (``EXPERIMENT_KIND``); one created before that tag existed gets it."""
+    model-training experiment (``EXPERIMENT_KIND``); one created before that tag existed gets it.
+
+    ``created_after``: an experiment to create first when ``name`` is new, so that ``name`` is the newer one. MLflow's
+    home page and experiments list put the last updated experiment first, and an experiment's last update is its
+    creation unless it is renamed or restored (ties: the higher id first): the study's experiment, not its internal
+    claims, is what a user sees first."""
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
+        if created_after is not None:
+            ensure_experiment(client, created_after, None)
         try:
             return client.create_experiment(name, artifact_location=location, tags={KIND_TAG: EXPERIMENT_KIND})
         except MlflowException:  # created by someone else meanwhile
