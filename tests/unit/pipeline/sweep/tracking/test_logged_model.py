@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlflow.pyfunc
 import mlflow.pytorch
 import torch
 
@@ -33,11 +34,15 @@ def test_the_logged_model_gives_the_checkpoints_logits(store, tmp_path: Path) ->
 
     model_uri = log_trial_model(client.tracking_uri, run_id, checkpoint, DATASET)
 
+    images = torch.randn(5, *IMAGE_SHAPE)  # another batch size than the signature was inferred from
     with using_tracking_uri(client.tracking_uri):  # where a user resolves ``models:/<id>``
         loaded = mlflow.pytorch.load_model(model_uri)
-    images = torch.randn(5, *IMAGE_SHAPE)  # another batch size than the input example's
+        # As a server would run it: what log_model's serving check did with an input example (none is logged).
+        served = mlflow.pyfunc.load_model(model_uri).predict(images.numpy())
     with torch.no_grad():
-        torch.testing.assert_close(loaded(images), model_from_checkpoint(checkpoint)(images), rtol=0, atol=0)
+        expected = model_from_checkpoint(checkpoint)(images)
+        torch.testing.assert_close(loaded(images), expected, rtol=0, atol=0)
+    torch.testing.assert_close(torch.as_tensor(served), expected, rtol=0, atol=0)
     logged = client.get_logged_model(model_uri.removeprefix("models:/"))
     assert logged.source_run_id == run_id
     (dataset,) = client.get_run(run_id).inputs.dataset_inputs
