@@ -9,9 +9,10 @@ runs (parent and child runs, claims, our callback's MLflow writes, the trial-end
 MLflow. Overhead = wall time over the ideal, the trials' own time (Tune's ``time_total_s``) / concurrency, minus 1.
 The highest public figure for this stack is Ray Tune's own table: 10,000 one-second trials at 14 % overhead.
 
-Per size it prints both overheads, driver CPU seconds per trial (flat from size to size = linear), MLflow requests
-per trial by method, the tracking server's CPU per trial (``--server``: a real ``mlflow server``; otherwise sqlite in
-the driver, counted in its CPU), the driver's peak RSS and the metric rows each trial's run holds; the last line is
+Per size it prints both overheads, driver CPU seconds per trial (flat from size to size = linear), MLflow requests per
+trial by method (our client's; through a server also every HTTP request the driver made, by endpoint: MLflow's own
+model logging included), the tracking server's CPU per trial (``--server``: a real ``mlflow server``; otherwise sqlite
+in the driver, counted in its CPU), the driver's peak RSS and the metric rows each trial's run holds; the last line is
 ``overhead: X % (ours), Y % (bare Ray Tune)`` at the largest size. Each size uses a fresh store and Ray folder.
 """
 
@@ -24,7 +25,9 @@ import resource
 import sqlite3
 import tempfile
 import time
-from contextlib import ExitStack
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +49,8 @@ from pipeline.data.sources import prepare_dataset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANT = "resnet18"  # the cheapest model of the default study per epoch on the embedded data
-NUMERIC = {"trials", "overhead %", "trial s", "wall s", "driver CPU s/trial", "requests/trial", "server CPU s/trial"}
+NUMERIC = {"trials", "overhead %", "trial s", "wall s", "driver CPU s/trial", "requests/trial", "HTTP/trial"}
+NUMERIC |= {"server CPU s/trial"}
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Side:
     driver_cpu_s: float
     peak_rss_mib: float
     requests: dict[str, int] = field(default_factory=dict)
+    http: dict[str, int] = field(default_factory=dict)  # every HTTP request to the tracking server, by endpoint
     server_cpu_s: float | None = None
     metric_rows_per_trial: float | None = None
 
@@ -87,12 +92,45 @@ def run_ours(params: Params, data: PreparedData, root: Path) -> tuple[Side, obje
     from pipeline.sweep.run import run_sweep, tune_manifest
 
     cpu, started = time.process_time(), time.perf_counter()
-    outcome = run_sweep(params, data, root)
+    with counting_http() as http:
+        outcome = run_sweep(params, data, root)
     write_tune_manifest(root / "manifest.json", tune_manifest(outcome), root)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     side = Side("ours", len(outcome.records), wall, _trial_seconds(outcome.path.local), cpu, _peak_rss_mib())
-    side.requests = dict(outcome.calls)
+    side.requests, side.http = dict(outcome.calls), dict(http)
     return side, outcome
+
+
+@contextmanager
+def counting_http() -> Iterator[Counter]:
+    """Every request MLflow's REST client makes in this process meanwhile (any thread), by method and endpoint (ids
+    left out): MLflow's ``http_request`` wherever a loaded module imported it (its REST store, its artifact
+    repository for uploads, our short-budget store)."""
+    import re
+    import sys
+
+    import mlflow.store.artifact.http_artifact_repo  # noqa: F401 (loaded now, so its import of http_request is patched)
+    import mlflow.utils.rest_utils as rest
+
+    calls: Counter = Counter()
+    real = rest.http_request
+
+    def counted(host_creds: object, endpoint: str, method: str, *args: object, **kwargs: object) -> object:
+        if "/api/" in endpoint:
+            path = re.sub(r"/m-[0-9a-f]+$", "/<id>", endpoint.split("/mlflow/", 1)[-1])
+        else:  # an upload: the artifact repository's host is the run's (or logged model's) artifact root
+            path = "artifact " + endpoint.lstrip("/")
+        calls[f"{method} {path}"] += 1
+        return real(host_creds, endpoint, method, *args, **kwargs)
+
+    users = [m for m in list(sys.modules.values()) if getattr(m, "http_request", None) is real]
+    for module in users:
+        module.http_request = counted
+    try:
+        yield calls
+    finally:
+        for module in users:
+            module.http_request = real
 
 
 def run_bare(params: Params, data: PreparedData, root: Path) -> Side:
@@ -218,6 +256,7 @@ def row(side: Side, concurrency: int) -> dict[str, str]:
         "wall s": f"{side.wall_s:.1f}",
         "driver CPU s/trial": f"{side.driver_cpu_s / side.trials:.3f}",
         "requests/trial": f"{requests / side.trials:.2f}" if side.requests else "-",
+        "HTTP/trial": f"{sum(side.http.values()) / side.trials:.2f}" if side.http else "-",
         "server CPU s/trial": "-" if side.server_cpu_s is None else f"{side.server_cpu_s / side.trials:.3f}",
         "peak RSS MiB": f"{side.peak_rss_mib:.0f}",
         "metric rows/trial": "-" if side.metric_rows_per_trial is None else f"{side.metric_rows_per_trial:.0f}",
@@ -294,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text_table([row(s, args.concurrency) for s in sides], numeric=NUMERIC))
     for side in (s for s in sides if s.requests):
         print(f"{side.trials} trials, MLflow requests by method: {dict(sorted(side.requests.items()))}")
+    for side in (s for s in sides if s.http):
+        print(f"{side.trials} trials, HTTP requests by endpoint: {dict(Counter(side.http).most_common())}")
     ours, bare = sides[-2], sides[-1]
     print(
         f"overhead: {100 * ours.overhead(args.concurrency):.1f} % (ours), "
