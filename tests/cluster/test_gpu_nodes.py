@@ -277,8 +277,8 @@ def test_a_drained_node_costs_seconds_not_an_epoch(
     dashboard agent) fails the trial before any preemption: that attempt says nothing, and the test starts over once,
     with another seed."""
     epochs, notice_s = 2, 5
-    started = time.monotonic()
     for seed in (100, 101):
+        started = time.monotonic()  # this attempt's sweep
         drained = _drain_mid_epoch(cluster, cluster_project, gpu_nodes, seed, epochs, notice_s)
         if drained is not None:
             break
