@@ -6,7 +6,8 @@ MFU = those FLOPs per second / the bf16 (CUDA) or fp32 (CPU) matmul FLOP/s this 
 in the same run. Then seconds per epoch (50,000 training + 10,000 test images) and the projected time of the
 paper's 300-epoch schedule.
 
-Paths (each is tested for equality with ``plain`` in tests/unit):
+Paths (each tested against ``plain``: tests/unit/pipeline/measure/test_speed.py and the files its docstring names,
+tests/unit/test_authors_pattern.py; graphed only on a GPU, by tests/unit/pipeline/trial/test_loop.py):
   plain       fp32, eager, exact dense attention
   optimised   bf16 autocast with fp32 master weights (CUDA; the CPU stays fp32, as train.amp does), eager
   compiled    optimised + torch.compile (compile time reported separately, in the "first s" column)

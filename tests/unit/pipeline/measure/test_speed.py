@@ -1,7 +1,8 @@
 """Speed helpers and the equality of each optimised training path with the plain fp32 one (no timing asserts).
 
 Covered elsewhere: batched probabilities == per-image loop (test_attention.py), on-device augmentation and
-``train.compile`` == eager (test_train.py, the latter marked slow), truncated attention (test_local_attention.py).
+``train.compile`` == eager (test_train.py, the latter marked slow), truncated attention (test_local_attention.py),
+CUDA graphs == eager (test_loop.py, on a GPU only).
 """
 
 from __future__ import annotations
@@ -114,6 +115,20 @@ def test_truncated_training_step_matches_the_plain_one() -> None:
         torch.manual_seed(0)
         model = build_model(SMALL.model_copy(update={"heads": 9, "attention_window_eps": eps}), image_size=16)
         set_gaussian_heads(model, (1.0, 10.0), jitter=0.1)
+        losses.append(_train_step(model, images, labels, None))
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    torch.testing.assert_close(weights[1], weights[0], rtol=1e-4, atol=1e-5)
+
+
+def test_channels_last_training_step_matches_the_plain_one() -> None:
+    """benchmarks.train_throughput's channels_last path (ResNet18's weights, and so its activations, in NHWC layout)
+    against the contiguous model: same loss, same update, up to float rounding."""
+    images, labels = _batch(size=16)
+    losses, weights = [], []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        torch.manual_seed(0)
+        model = build_model(SMALL.model_copy(update={"arch": "resnet18"}), image_size=16).to(memory_format=layout)
         losses.append(_train_step(model, images, labels, None))
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
