@@ -49,8 +49,16 @@ from pipeline.data.sources import prepare_dataset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANT = "resnet18"  # the cheapest model of the default study per epoch on the embedded data
-NUMERIC = {"trials", "overhead %", "trial s", "wall s", "driver CPU s/trial", "requests/trial", "HTTP/trial"}
-NUMERIC |= {"server CPU s/trial"}
+NUMERIC = {
+    "trials",
+    "overhead %",
+    "trial s",
+    "wall s",
+    "driver CPU s/trial",
+    "requests/trial",
+    "HTTP/trial",
+    "server CPU s/trial",
+}
 
 
 @dataclass
@@ -64,7 +72,7 @@ class Side:
     driver_cpu_s: float
     peak_rss_mib: float
     requests: dict[str, int] = field(default_factory=dict)
-    http: dict[str, int] = field(default_factory=dict)  # every HTTP request to the tracking server, by endpoint
+    http: Counter = field(default_factory=Counter)  # every HTTP request to the tracking server, by endpoint
     server_cpu_s: float | None = None
     metric_rows_per_trial: float | None = None
 
@@ -97,7 +105,7 @@ def run_ours(params: Params, data: PreparedData, root: Path) -> tuple[Side, obje
     write_tune_manifest(root / "manifest.json", tune_manifest(outcome), root)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     side = Side("ours", len(outcome.records), wall, _trial_seconds(outcome.path.local), cpu, _peak_rss_mib())
-    side.requests, side.http = dict(outcome.calls), dict(http)
+    side.requests, side.http = dict(outcome.calls), http
     return side, outcome
 
 
@@ -334,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     for side in (s for s in sides if s.requests):
         print(f"{side.trials} trials, MLflow requests by method: {dict(sorted(side.requests.items()))}")
     for side in (s for s in sides if s.http):
-        print(f"{side.trials} trials, HTTP requests by endpoint: {dict(Counter(side.http).most_common())}")
+        print(f"{side.trials} trials, HTTP requests by endpoint: {dict(side.http.most_common())}")
     ours, bare = sides[-2], sides[-1]
     print(
         f"overhead: {100 * ours.overhead(args.concurrency):.1f} % (ours), "
