@@ -144,8 +144,7 @@ def test_manifest_for_later_stages(swept: dict, project: Project) -> None:
 # Lines the tune stage of this module's `dvc repro` printed to stdout (Ray's progress output; logs and tracebacks
 # go to stderr) on main before the progress reporter: Ray's default engine printed, per trial, its config and a
 # table of every reported value (7 `trial_tags/...` rows each), and status tables without test_acc. Measured with a
-# local Ray and sqlite store on this module's profile (an http store adds MLflow's two "View run" lines per run it
-# closes).
+# local Ray and sqlite store on this module's profile.
 TUNE_LINES_BEFORE = 235
 
 

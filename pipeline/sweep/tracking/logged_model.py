@@ -23,11 +23,10 @@ import mlflow
 import mlflow.artifacts
 import mlflow.pytorch
 import torch
-from mlflow.data.dataset_source_registry import get_dataset_source_from_json
-from mlflow.data.meta_dataset import MetaDataset
-from mlflow.entities import RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, RunTag
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from pipeline.config import DataConfig
 from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, MODEL_URI_TAG
@@ -54,8 +53,8 @@ class PreparedDataset:
 
 @contextmanager
 def using_tracking_uri(tracking_uri: str) -> Iterator[None]:
-    """MLflow's fluent API (``log_model``, ``log_input``) and the registry's ``models:/`` lookups read the global
-    tracking URI, which the driver otherwise never sets (its clients name theirs): set it for the block only."""
+    """MLflow's ``log_model`` and the registry's ``models:/`` lookups read the global tracking URI, which the driver
+    otherwise never sets (its clients name theirs): set it for the block only."""
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)
     try:
@@ -64,16 +63,13 @@ def using_tracking_uri(tracking_uri: str) -> Iterator[None]:
         mlflow.set_tracking_uri(previous)
 
 
-@contextmanager
-def _active_run(tracking_uri: str, run_id: str) -> Iterator[None]:
-    """The trial's run as the fluent active run for the block. Leaving it marks the run FINISHED; the callback sets
-    its real status right after."""
-    with using_tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id):
-        yield
-
-
 def log_trial_model(
-    tracking_uri: str, run_id: str, checkpoint_dir: Path, dataset: PreparedDataset | None, payload: dict | None = None
+    client: MlflowClient,
+    tracking_uri: str,
+    run_id: str,
+    checkpoint_dir: Path,
+    dataset: PreparedDataset | None,
+    payload: dict | None = None,
 ) -> str:
     """Log the checkpoint's model (with its signature) and ``dataset`` as the input of run
     ``run_id``; return the model's URI (``models:/<id>``). ``payload``: the checkpoint, already loaded."""
@@ -83,21 +79,24 @@ def log_trial_model(
     with torch.no_grad():
         logits = model(example)
     signature = infer_signature(example.numpy(), logits.numpy())
+    if dataset is not None:
+        client.log_inputs(run_id, datasets=[dataset_input(dataset)])
     pytorch_log = logging.getLogger("mlflow.pytorch")
     level = pytorch_log.level
     # Its pickle-format warning (once per model, on every trial's end) is the choice the module docstring explains.
     pytorch_log.setLevel(logging.ERROR)
     try:
-        with _active_run(tracking_uri, run_id):
-            if dataset is not None:
-                log_dataset(dataset)
+        # Named by ``run_id``, not as the fluent active run: entering and leaving one cost three requests per trial
+        # (read the run, mark it RUNNING, then FINISHED) and printed two lines to the driver's log.
+        with using_tracking_uri(tracking_uri):
             info = mlflow.pytorch.log_model(
                 model,
-                name=model_name(mlflow.active_run().data.tags),
+                name=model_name(client.get_run(run_id).data.tags),
                 signature=signature,
                 serialization_format="pickle",
                 pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
                 step=int(payload.get("epoch", 0)),
+                run_id=run_id,  # passed on to ``mlflow.models.Model.log``
             )
     finally:
         pytorch_log.setLevel(level)
@@ -126,7 +125,7 @@ def log_checkpoint(
     ``run_id``, and its final model: tags ``tune.checkpoint`` (the folder, or ``location``: where it is kept when
     ``checkpoint_dir`` is a downloaded copy) and ``model_uri``. ``payload``: ``checkpoint.pt`` already loaded."""
     client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
-    model_uri = log_trial_model(tracking_uri, run_id, checkpoint_dir, dataset, payload)
+    model_uri = log_trial_model(client, tracking_uri, run_id, checkpoint_dir, dataset, payload)
     # Both tags in one request once both are known: a model log that fails leaves neither, so the run does not count
     # as complete (``reuse.is_complete`` needs the checkpoint tag) and a later sweep does not reuse it.
     tags = [RunTag(CHECKPOINT_TAG, location or str(checkpoint_dir)), RunTag(MODEL_URI_TAG, model_uri)]
@@ -141,10 +140,14 @@ def download_checkpoint(tracking_uri: str, artifact_uri: str, destination: Path)
     )
 
 
-def log_dataset(dataset: PreparedDataset) -> None:
-    """``dataset`` as the active run's training input."""
-    # MLflow's local-file source, by its type name (resolving a bare path finds it registered twice and warns).
-    source = get_dataset_source_from_json(json.dumps({"uri": Path(dataset.source).as_uri()}), "local")
+def dataset_input(dataset: PreparedDataset) -> DatasetInput:
+    """``dataset`` as a run's training input: MLflow's local-file source (``source_type`` ``local``)."""
     # MLflow caps a digest at 36 characters: the first 12, as `stages.prepare` logs it; all of it as a tag.
-    named = MetaDataset(source, name=dataset.name, digest=dataset.digest[:12])
-    mlflow.log_input(named, context="train", tags={"content_sha256": dataset.digest})
+    named = Dataset(
+        name=dataset.name,
+        digest=dataset.digest[:12],
+        source_type="local",
+        source=json.dumps({"uri": Path(dataset.source).as_uri()}),
+    )
+    tags = [InputTag("content_sha256", dataset.digest), InputTag(MLFLOW_DATASET_CONTEXT, "train")]
+    return DatasetInput(named, tags)

@@ -32,7 +32,7 @@ def test_the_logged_model_gives_the_checkpoints_logits(store, tmp_path: Path) ->
     run_id = client.create_run(experiment_id).info.run_id
     checkpoint = _checkpoint(tmp_path / "ckpt", SA, seed=0)
 
-    model_uri = log_trial_model(client.tracking_uri, run_id, checkpoint, DATASET)
+    model_uri = log_trial_model(client, client.tracking_uri, run_id, checkpoint, DATASET)
 
     images = torch.randn(5, *IMAGE_SHAPE)  # another batch size than the signature was inferred from
     with using_tracking_uri(client.tracking_uri):  # where a user resolves ``models:/<id>``
@@ -45,6 +45,12 @@ def test_the_logged_model_gives_the_checkpoints_logits(store, tmp_path: Path) ->
     torch.testing.assert_close(torch.as_tensor(served), expected, rtol=0, atol=0)
     logged = client.get_logged_model(model_uri.removeprefix("models:/"))
     assert logged.source_run_id == run_id
-    (dataset,) = client.get_run(run_id).inputs.dataset_inputs
+    run = client.get_run(run_id)
+    assert [m.model_id for m in run.outputs.model_outputs] == [logged.model_id]  # the run's Models column
+    assert run.info.status == "RUNNING"  # its caller closes the run with the trial's own status
+    (dataset,) = run.inputs.dataset_inputs
     assert dataset.dataset.name == "digits-8px" and dataset.dataset.digest == "ab" * 6
-    assert {t.key: t.value for t in dataset.tags}["content_sha256"] == "ab" * 32
+    assert (
+        dataset.dataset.source_type == "local" and dataset.dataset.source == '{"uri": "file:///project/data/prepared"}'
+    )
+    assert {t.key: t.value for t in dataset.tags} == {"content_sha256": "ab" * 32, "mlflow.data.context": "train"}

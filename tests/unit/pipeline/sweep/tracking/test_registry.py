@@ -38,7 +38,7 @@ def _trial(
 ) -> TrialRecord:
     run = client.create_run(experiment_id, run_name=f"{variant} seed {seed}", tags=tags or {})
     model_uri = log_trial_model(
-        client.tracking_uri, run.info.run_id, _checkpoint(folder / variant / str(seed), SA, seed), None
+        client, client.tracking_uri, run.info.run_id, _checkpoint(folder / variant / str(seed), SA, seed), None
     )
     client.set_tag(run.info.run_id, MODEL_URI_TAG, model_uri)
     return TrialRecord(
