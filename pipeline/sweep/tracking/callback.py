@@ -288,9 +288,8 @@ class MlflowTrialCallback(Callback):
             tags["tune.retries"] = str(retries)
         if label == EARLY_STOPPED:
             tags["tune.early_stopped"] = "true"
-        self.buffer.set_tags(run_id, tags)
         self._remember(trial, tags)
-        self.ends.end(run_id, trial, RunStatus.to_string(RunStatus.from_string(status)))
+        self.ends.end(run_id, trial, RunStatus.to_string(RunStatus.from_string(status)), tags)
         self._open.discard(trial.trial_id)
 
     def adopt_child_runs(self) -> int:

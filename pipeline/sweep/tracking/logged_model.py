@@ -120,16 +120,18 @@ def log_checkpoint(
     dataset: PreparedDataset | None,
     location: str | None = None,
     payload: dict | None = None,
+    tags: dict[str, str] | None = None,
 ) -> None:
     """A trial's checkpoint folder (``checkpoint.pt``, ``head_history.json``) as artifact ``checkpoint/`` of run
     ``run_id``, and its final model: tags ``tune.checkpoint`` (the folder, or ``location``: where it is kept when
-    ``checkpoint_dir`` is a downloaded copy) and ``model_uri``. ``payload``: ``checkpoint.pt`` already loaded."""
+    ``checkpoint_dir`` is a downloaded copy) and ``model_uri``. ``payload``: ``checkpoint.pt`` already loaded;
+    ``tags``: more tags for the run, written with those."""
     client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
     model_uri = log_trial_model(client, tracking_uri, run_id, checkpoint_dir, dataset, payload)
     # Both tags in one request once both are known: a model log that fails leaves neither, so the run does not count
     # as complete (``reuse.is_complete`` needs the checkpoint tag) and a later sweep does not reuse it.
-    tags = [RunTag(CHECKPOINT_TAG, location or str(checkpoint_dir)), RunTag(MODEL_URI_TAG, model_uri)]
-    client.log_batch(run_id, tags=tags)
+    written = {**(tags or {}), CHECKPOINT_TAG: location or str(checkpoint_dir), MODEL_URI_TAG: model_uri}
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in written.items()])
 
 
 def download_checkpoint(tracking_uri: str, artifact_uri: str, destination: Path) -> str:

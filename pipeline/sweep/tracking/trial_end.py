@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 
 from pipeline.sweep.storage import StoragePath
@@ -95,6 +96,8 @@ class TrialEnd:
     location: str  # the checkpoint as a later sweep opens it
     trial_location: str
     status: str
+    tags: dict[str, str]  # how it ended, written with the checkpoint's tags in one request
+    tagged: bool = False
     uploaded: bool = False
     error: BaseException | None = None
 
@@ -116,16 +119,18 @@ class TrialEnds:
         self.callback, self.background = callback, background
         self._worker: TrialEndWorker | None = None
 
-    def end(self, run_id: str, trial: Any, status: str) -> None:
-        """Log the trial's last checkpoint and model and close its run with ``status``."""
+    def end(self, run_id: str, trial: Any, status: str, tags: dict[str, str]) -> None:
+        """Tag the trial's run with how it ended (``tags``), log its last checkpoint and model, close it with
+        ``status``. On the worker the tags go with the checkpoint's: one request fewer on Tune's event loop."""
         callback, buffer, checkpoint = self.callback, self.callback.buffer, trial.checkpoint
         if checkpoint is not None and self.background and not (buffer.down or buffer.pending):
             location, trial_location = callback.location_of(checkpoint.path), callback.location_of(trial.path)
-            end = TrialEnd(run_id, trial.trial_id, checkpoint, str(location), str(trial_location), status)
+            end = TrialEnd(run_id, trial.trial_id, checkpoint, str(location), str(trial_location), status, tags)
             if self._worker is None:
                 self._worker = TrialEndWorker()
             self._worker.submit(lambda: self.end_trial(end))  # the run is closed there, after its model
         else:
+            buffer.set_tags(run_id, tags)
             self._log_checkpoint(run_id, trial)
             buffer.set_terminated(run_id, status)
 
@@ -161,8 +166,10 @@ class TrialEnds:
                     _not_loading(end.trial_id, end.checkpoint)
                 else:
                     uri, dataset = callback.parent.tracking_uri, callback.dataset
-                    log_checkpoint(callback.client, uri, end.run_id, Path(local), dataset, end.location, payload)
-                    end.uploaded = True
+                    log_checkpoint(
+                        callback.client, uri, end.run_id, Path(local), dataset, end.location, payload, end.tags
+                    )
+                    end.uploaded = end.tagged = True
         except Exception as err:
             if buffered and is_outage(err):  # as TrackingBuffer.write decides
                 end.error = err
@@ -173,6 +180,9 @@ class TrialEnds:
             log.warning("MLflow: could not log the checkpoint or model of trial %s: %s", end.trial_id, err)
         end.uploaded = True  # nothing (more) to upload
         try:
+            if not end.tagged:
+                callback.client.log_batch(end.run_id, tags=[RunTag(k, v) for k, v in end.tags.items()])
+                end.tagged = True
             callback.client.set_terminated(end.run_id, status=end.status)
         except Exception as err:
             if not buffered or not is_outage(err):
@@ -186,6 +196,8 @@ class TrialEnds:
         buffer, dataset = self.callback.buffer, self.callback.dataset
         for end in (e for e in ended if e is not None):
             buffer.went_down(end.error)
+            if not end.tagged:
+                buffer.set_tags(end.run_id, end.tags)
             if not end.uploaded:
                 location, trial_location = StoragePath(end.location), StoragePath(end.trial_location)
                 buffer.upload_checkpoint(end.run_id, location, trial_location, dataset)

@@ -254,8 +254,8 @@ def _checkpointed_trial(tmp_path: Path, trial_id: str) -> _Trial:
 def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
     client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """on_trial_complete returns while the model is still being logged (Tune starts the next trial meanwhile); the run
-    is closed after its model, and on_experiment_end waits for it."""
+    """on_trial_complete returns while the model is still being logged (Tune starts the next trial meanwhile), without
+    a request of its own; the run is labelled and closed after its model, and on_experiment_end waits for it."""
     import threading
 
     from pipeline.sweep.tracking import trial_end as module
@@ -273,15 +273,18 @@ def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
     callback = MlflowTrialCallback(sweep, _describe, {}, epochs=1)
     callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
     _report(callback, trial, 1)
+    before = sum(callback.calls.values())
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)  # returns with the upload held
+    assert sum(callback.calls.values()) == before  # nothing written on Tune's event loop
     run_id = callback.runs["t-background"]
     during = mlflow.get_run(run_id)
     assert during.info.status == "RUNNING" and "model_uri" not in during.data.tags
-    assert during.data.tags["tune.status"] == "finished"  # the label is written at once, in the driver thread
+    assert during.data.tags["tune.status"] == "running"  # labelled with the checkpoint's tags, in one request
     release.set()
     callback.on_experiment_end(trials=[trial])
     after = mlflow.get_run(run_id)
     assert after.info.status == "FINISHED" and "model_uri" in after.data.tags
+    assert after.data.tags["tune.status"] == "finished" and after.data.tags["tune.last_epoch"] == "1"
     assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
 
 
@@ -297,9 +300,25 @@ def test_a_trials_checkpoint_is_read_once_at_its_end(client, tmp_path: Path, mon
     monkeypatch.setattr(torch, "load", lambda path, *a, **k: reads.append(str(path)) or load(path, *a, **k))
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
     callback.on_experiment_end(trials=[trial])
-    # (MLflow's log_model also loads the model it saved, model.pth, to check the input example against it.)
     assert [Path(p).name for p in reads if Path(p).name == "checkpoint.pt"] == ["checkpoint.pt"]
     assert "model_uri" in mlflow.get_run(callback.runs["t-read-once"]).data.tags
+
+
+def test_a_trial_whose_checkpoint_does_not_load_still_ends_labelled(client, tmp_path: Path) -> None:
+    """No checkpoint to log (truncated): the worker still writes how the trial ended before closing its run."""
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    trial = _checkpointed_trial(tmp_path, "t-truncated")
+    saved = tmp_path / "t-truncated" / "checkpoint_000000" / "checkpoint.pt"
+    saved.write_bytes(saved.read_bytes()[:100])
+    callback = MlflowTrialCallback(sweep, _describe, {}, epochs=2)
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    _report(callback, trial, 1)
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
+    callback.on_experiment_end(trials=[trial])
+    run = mlflow.get_run(callback.runs["t-truncated"])
+    assert run.info.status == "FINISHED" and "model_uri" not in run.data.tags
+    assert run.data.tags["tune.status"] == "early_stopped" and run.data.tags["tune.last_epoch"] == "1"
 
 
 def test_an_error_at_a_trials_end_is_raised_in_the_driver_when_the_sweep_ends(
@@ -349,12 +368,13 @@ def test_an_outage_during_a_background_trial_end_goes_to_the_buffer_and_is_repla
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
     callback.on_experiment_end(trials=[trial])
     run_id = callback.runs["t-outage"]
-    assert callback.buffer.down and callback.buffer.pending == 2  # the upload, then the run's end
+    assert callback.buffer.down and callback.buffer.pending == 3  # how it ended, the upload, then the run's end
     assert mlflow.get_run(run_id).info.status == "RUNNING"
     monkeypatch.undo()  # the server answers again
     assert callback.buffer.flush(force=True)
     run = mlflow.get_run(run_id)
     assert run.info.status == "FINISHED" and "model_uri" in run.data.tags
+    assert run.data.tags["tune.status"] == "finished"
     assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
 
 
