@@ -7,7 +7,7 @@ run_id`` map in Tune's own experiment state (``get_state``/``set_state``), so a 
 restored sweep (``Tuner.restore``) continue the run they started; the parent run id is kept next to that state
 (``parent.PARENT_FILE``). It opens or continues the runs, and each Tune hook hands the rest to one collaborator:
 ``epochs.EpochWrites`` (one ``log_batch`` per epoch at ``step=epoch``, each epoch once), ``trial_end.TrialEnds``
-(checkpoint, final model and dataset when a trial ends, off Tune's event loop) and ``failures.FailedAttempts`` (why
+(how it ended, checkpoint, final model and dataset, off Tune's event loop) and ``failures.FailedAttempts`` (why
 attempts failed). Every write goes through the callback's ``TrackingBuffer``: a server that stays down queues them
 on disk, replayed when it answers. Runs left RUNNING by an interrupted driver are closed as KILLED by
 ``close_interrupted`` and reopened on restore.
