@@ -26,7 +26,6 @@ import torch
 from mlflow.entities import Dataset, DatasetInput, InputTag, RunTag
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
-from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from pipeline.config import DataConfig
 from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, MODEL_URI_TAG
@@ -151,5 +150,6 @@ def dataset_input(dataset: PreparedDataset) -> DatasetInput:
         source_type="local",
         source=json.dumps({"uri": Path(dataset.source).as_uri()}),
     )
-    tags = [InputTag("content_sha256", dataset.digest), InputTag(MLFLOW_DATASET_CONTEXT, "train")]
+    # ``mlflow.data.context``: the tag MLflow's ``log_input(context=...)`` writes and its UI shows beside the dataset
+    tags = [InputTag("content_sha256", dataset.digest), InputTag("mlflow.data.context", "train")]
     return DatasetInput(named, tags)
