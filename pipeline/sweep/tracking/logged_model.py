@@ -84,18 +84,27 @@ def log_trial_model(
     level = pytorch_log.level
     # Its pickle-format warning (once per model, on every trial's end) is the choice the module docstring explains.
     pytorch_log.setLevel(logging.ERROR)
+    run = client.get_run(run_id)
     try:
-        # Named by ``run_id``, not as the fluent active run: entering and leaving one cost three requests per trial
-        # (read the run, mark it RUNNING, then FINISHED) and printed two lines to the driver's log.
+        # For run ``run_id``, not as the fluent active run: entering and leaving one cost three requests per trial
+        # (read the run, mark it RUNNING, then FINISHED) and printed two lines to the driver's log. Without an active
+        # run, a model ``log_model`` creates itself goes to the default experiment: created here, in the run's.
         with using_tracking_uri(tracking_uri):
+            pending = mlflow.initialize_logged_model(
+                name=model_name(run.data.tags),
+                source_run_id=run_id,
+                params=run.data.params,
+                experiment_id=run.info.experiment_id,
+            )
             info = mlflow.pytorch.log_model(
                 model,
-                name=model_name(client.get_run(run_id).data.tags),
+                name=pending.name,
+                model_id=pending.model_id,
                 signature=signature,
                 serialization_format="pickle",
                 pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
                 step=int(payload.get("epoch", 0)),
-                run_id=run_id,  # passed on to ``mlflow.models.Model.log``
+                run_id=run_id,  # passed on to ``mlflow.models.Model.log``: the run's output, its metrics linked
             )
     finally:
         pytorch_log.setLevel(level)

@@ -7,6 +7,7 @@ from pathlib import Path
 import mlflow.pyfunc
 import mlflow.pytorch
 import torch
+from mlflow.entities import LoggedModelStatus
 
 from pipeline.config import DataConfig, ModelConfig
 from pipeline.models import build_model
@@ -29,7 +30,8 @@ DATASET = PreparedDataset.of(DataConfig(dataset="digits", image_size=8), "ab" * 
 
 def test_the_logged_model_gives_the_checkpoints_logits(store, tmp_path: Path) -> None:
     client, experiment_id = store
-    run_id = client.create_run(experiment_id).info.run_id
+    run_id = client.create_run(experiment_id, tags={"variant": "sa_quadratic_9", "seed": "0"}).info.run_id
+    client.log_param(run_id, "model.heads", "4")
     checkpoint = _checkpoint(tmp_path / "ckpt", SA, seed=0)
 
     model_uri = log_trial_model(client, client.tracking_uri, run_id, checkpoint, DATASET)
@@ -44,7 +46,9 @@ def test_the_logged_model_gives_the_checkpoints_logits(store, tmp_path: Path) ->
         torch.testing.assert_close(loaded(images), expected, rtol=0, atol=0)
     torch.testing.assert_close(torch.as_tensor(served), expected, rtol=0, atol=0)
     logged = client.get_logged_model(model_uri.removeprefix("models:/"))
-    assert logged.source_run_id == run_id
+    assert logged.source_run_id == run_id and logged.experiment_id == experiment_id  # not the default experiment
+    assert logged.name == "sa_quadratic_9-seed0" and logged.params == {"model.heads": "4"}
+    assert logged.status.to_proto() == LoggedModelStatus.READY.to_proto()
     run = client.get_run(run_id)
     assert [m.model_id for m in run.outputs.model_outputs] == [logged.model_id]  # the run's Models column
     assert run.info.status == "RUNNING"  # its caller closes the run with the trial's own status
