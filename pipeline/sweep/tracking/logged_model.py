@@ -80,11 +80,11 @@ def log_trial_model(
     signature = infer_signature(example.numpy(), logits.numpy())
     if dataset is not None:
         client.log_inputs(run_id, datasets=[dataset_input(dataset)])
+    run = client.get_run(run_id)
     pytorch_log = logging.getLogger("mlflow.pytorch")
     level = pytorch_log.level
     # Its pickle-format warning (once per model, on every trial's end) is the choice the module docstring explains.
     pytorch_log.setLevel(logging.ERROR)
-    run = client.get_run(run_id)
     try:
         # For run ``run_id``, not as the fluent active run: entering and leaving one cost three requests per trial
         # (read the run, mark it RUNNING, then FINISHED) and printed two lines to the driver's log. Without an active
