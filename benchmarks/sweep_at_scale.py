@@ -4,7 +4,7 @@
 
 N trials (``sweep.seeds`` 0..N-1 of one small variant, a few epochs of real training each) run twice per size, in
 one Ray session: through ``pipeline.sweep.run.run_sweep`` and the manifest, exactly what ``python -m stages.tune``
-runs (parent and child runs, claims, our callback's MLflow writes, the trial-end worker), and through a bare
+runs (parent and child runs, claims, our callback's MLflow writes on its writer thread), and through a bare
 ``tune.Tuner`` of the same trainable with the same resources, actor reuse and checkpointing, and no callback and no
 MLflow. Overhead = wall time over the ideal, the trials' own time (Tune's ``time_total_s``) / concurrency, minus 1.
 The highest public figure for this stack is Ray Tune's own table: 10,000 one-second trials at 14 % overhead.
@@ -94,7 +94,7 @@ def scaled_params(base: Params, trials: int, epochs: int, concurrency: int, trac
 
 
 def run_ours(params: Params, data: PreparedData, root: Path) -> tuple[Side, object]:
-    """The tune stage's path: ``run_sweep`` (plan, claims, parent and child runs, callback, trial-end worker) and the
+    """The tune stage's path: ``run_sweep`` (plan, claims, parent and child runs, callback, its writer thread) and the
     manifest it writes."""
     from pipeline.sweep.manifest import write_tune_manifest
     from pipeline.sweep.run import run_sweep, tune_manifest

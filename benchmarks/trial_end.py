@@ -4,8 +4,8 @@ At each trial's end the driver's Tune callback uploads the trial's checkpoint to
 it. This runs real Tune sweeps with the real callback (``MlflowTrialCallback``) and a real sqlite MLflow store, whose
 trials each report one epoch with a paper-size checkpoint (the paper's SA quadratic model, hidden 400, 6 layers,
 9 heads, 32x32 images, weights and SGD momentum: about 92 MiB), one trial at a time, both ways in one run:
-  event loop   the trial's end logged inside ``on_trial_complete`` (``background_ends=False``): Tune waits
-  background   ``on_trial_complete`` hands it to the callback's worker thread and returns
+  event loop   the trial's end logged inside ``on_trial_complete`` (``background=False``): Tune waits
+  background   ``on_trial_complete`` hands it to the callback's writer thread and returns
 and prints per trial end: the driver's time inside ``on_trial_complete`` (wall and the driver thread's CPU time), the
 worker's time, and how long after a trial ended the next one started, with whether it started while the previous
 model was still being logged. Torch runs single-threaded. Usage: ``python -m benchmarks.trial_end [--trials 3]``.
@@ -98,22 +98,17 @@ class TimedCallback(MlflowTrialCallback):
         now = time.perf_counter()
         self.completes.append((now, now - wall, time.thread_time() - cpu))
 
-    @property
-    def ends(self) -> TrialEnds:
-        if self._ends is None:
-            self._ends = TimedEnds(self, self.background_ends)
-        return self._ends
-
 
 class TimedEnds(TrialEnds):
-    """The callback's trial ends, timing the background work."""
+    """The callback's trial ends, timing the work on the writer thread."""
 
-    def end_trial(self, end: TrialEnd) -> TrialEnd | None:
+    def end_trial(self, end: TrialEnd) -> None:
         began = time.perf_counter()
         try:
-            return super().end_trial(end)
+            super().end_trial(end)
         finally:
-            self.callback.worker.append((began, time.perf_counter()))
+            if self.callback.background:  # else it ran inside on_trial_complete, timed there
+                self.callback.worker.append((began, time.perf_counter()))
 
 
 def sweep(root: Path, label: str, trials: int, checkpoint: Path, background: bool) -> TimedCallback:
@@ -128,7 +123,8 @@ def sweep(root: Path, label: str, trials: int, checkpoint: Path, background: boo
     client = MlflowClient(uri)
     experiment_id = ensure_experiment(client, f"trial-end-{label}", (root / "artifacts").as_uri())
     parent = ParentRun(uri, experiment_id, client.create_run(experiment_id, run_name=label).info.run_id)
-    callback = TimedCallback(parent, describe, {}, epochs=1, background_ends=background)
+    callback = TimedCallback(parent, describe, {}, epochs=1, background=background)
+    callback.ends = TimedEnds(callback)
     space = {"index": tune.grid_search(list(range(trials))), "checkpoint": str(checkpoint)}
     tuner = tune.Tuner(
         tune.with_resources(one_epoch_trial, {"cpu": 1}),

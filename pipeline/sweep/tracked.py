@@ -159,6 +159,7 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
     except BaseException:
         claims.release("KILLED")
         raise
+    callback.buffer.stop_writer()  # when Tune did not run (every trial reused): the wrap-up's writes in this thread
     for line in callback.failures.summary():  # a trial's lost attempts (a killed worker, an error) in one line each
         log.warning("%s", line)
     claims.release("KILLED" if any(r.status in (INTERRUPTED, ERROR) for r in records) else "FINISHED")

@@ -18,6 +18,12 @@ minutes by default) made every write raise, and the sweep died while its trials 
   ``RETRY_EVERY_S`` decides when to replay the file, in order;
 - a checkpoint upload that has to wait is recorded with its trial's folder; the replay uploads the newest checkpoint
   of that trial that loads (Tune keeps only the last two, so the one named may be gone by then).
+
+With ``background`` (the sweep's callback) every write is made, in order, on one writer thread (``SerialWriter``),
+the outage handling above included: Tune's event loop only queues it. Measured before (py-spy, 60 trials): the loop
+waited about 0.1 s per trial on the store (a trial's params, each epoch), during which no trial got its next report,
+so both trial slots stood idle. MLflow's own asynchronous logging (``log_batch(synchronous=False)``) is not used: it
+logs a failed batch and drops it, where an outage must queue it here.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -46,14 +54,62 @@ RUNS_FILE = "mlflow_buffer_runs.json"  # beside it: run id handed out while the 
 PLACEHOLDER = "buffered-"  # how such a run id starts (``buffered-<trial id>``)
 RETRY_EVERY_S = 10.0  # while the server is down: at most one /health probe per this many seconds
 FINAL_WAIT_S = 60.0  # at the end of a sweep: how long to wait for a server that is down before giving up
+MAX_QUEUED = 32  # writes queued on the writer thread at once; one more blocks the caller (a slow store slows the sweep)
+
+
+class SerialWriter:
+    """Runs submitted callables one at a time, in order, on one thread; ``done()`` and ``drain()`` hand their errors
+    back to the calling (driver) thread, so none is lost in the thread. Bounded: ``submit`` blocks while
+    ``max_queued`` wait or run, so a slow store slows the sweep instead of piling up work and memory."""
+
+    def __init__(self, max_queued: int = MAX_QUEUED) -> None:
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(1, "mlflow-writer", initializer=self._started)
+        self._slots = threading.BoundedSemaphore(max_queued)
+        self._futures: list[Future] = []
+
+    def _started(self) -> None:
+        self._thread = threading.current_thread()
+
+    def is_current(self) -> bool:
+        """Whether the caller runs on this writer's thread (its work writes inline, never queues behind itself)."""
+        return threading.current_thread() is self._thread
+
+    def submit(self, work: Callable[[], Any]) -> None:
+        self._slots.acquire()
+        future = self._pool.submit(work)
+        future.add_done_callback(lambda _: self._slots.release())
+        self._futures.append(future)
+
+    def done(self) -> None:
+        """Forget the work finished so far; raises the first error it raised."""
+        finished = [f for f in self._futures if f.done()]
+        self._futures = [f for f in self._futures if not f.done()]
+        for future in finished:
+            future.result()
+
+    def drain(self) -> None:
+        """Wait for all submitted work; raises the first error it raised, after all of it ended."""
+        futures, self._futures = self._futures, []
+        errors = [e for e in (f.exception() for f in futures) if e is not None]  # waits for each
+        if errors:
+            raise errors[0]
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False)
 
 
 class TrackingBuffer:
     """The driver's MLflow writes to existing runs, made directly while the server answers and queued on disk while
-    it does not. Holds plain data only (the callback that owns it is pickled by Tune); the client is given lazily."""
+    it does not; with ``background``, on a writer thread. Holds plain data only (the callback that owns it is pickled
+    by Tune); the client is given lazily."""
 
-    def __init__(self, path: Path | None, uri: str, client: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, path: Path | None, uri: str, client: Callable[[], Any] | None = None, background: bool = False
+    ) -> None:
         self.path = path  # None: no buffer, an outage raises as any error
+        self._writer = SerialWriter() if background else None
+        self._flush_queued = False
         self.uri = uri
         self._client_factory = client
         self._client: Any = None
@@ -62,9 +118,11 @@ class TrackingBuffer:
         self._next_probe = 0.0
         self._resolved: dict[str, str] | None = None
         self.appended = 0  # writes this object queued in the file (the load benchmark reports them)
+        if background:  # counted and read before the writer thread can change the files
+            _ = self.pending, self.resolved
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "_client_factory": None}
+        return {**self.__dict__, "_client": None, "_client_factory": None, "_writer": None}
 
     @property
     def client(self) -> Any:
@@ -93,18 +151,52 @@ class TrackingBuffer:
         """The real id of ``run_id`` (itself unless it is a placeholder that has been created since)."""
         return self.resolved.get(run_id, run_id)
 
+    # The writer thread
+
+    def serially(self, work: Callable[[], Any]) -> None:
+        """Run ``work`` after every write queued before it: on the writer thread when there is one (the caller does
+        not wait), else now."""
+        if self._writer is None or self._writer.is_current():
+            work()
+        else:
+            self._writer.submit(work)
+
+    def settle(self) -> None:
+        """Between Tune's steps: raise the first error a write on the writer thread raised (a refused request, a bug),
+        in the driver; and while the server is down, queue a replay (it probes at most every ``RETRY_EVERY_S``)."""
+        if self._writer is not None:
+            self._writer.done()
+        if (self.down or self.pending) and not self._flush_queued:
+            self._flush_queued = self._writer is not None
+            self.serially(self.flush)
+
+    def wait(self) -> None:
+        """Wait for the writes queued so far (before a read of the store, which is behind them); raises the first
+        error one of them raised."""
+        if self._writer is not None and not self._writer.is_current():
+            self._writer.drain()
+
+    def stop_writer(self, raise_errors: bool = True) -> None:
+        """Wait for the queued writes; later ones are made in the caller's thread (after the sweep, whose wrap-up
+        reads what it wrote). An error one raised is raised, or with ``raise_errors`` false (runs being closed
+        anyway) logged."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        try:
+            writer.drain()
+        except Exception as err:
+            if raise_errors:
+                raise
+            log.error("MLflow: a queued write failed: %s", err)
+        finally:
+            writer.shutdown()
+
     # The writes the driver makes, each one entry of the buffer.
     def create_run(self, placeholder: str, experiment_id: str, run_name: str, tags: dict[str, str]) -> str:
         """A run created while the server is down: ``placeholder`` stands for it in the writes queued behind it."""
-        self._append(
-            {
-                "op": "create_run",
-                "run_id": placeholder,
-                "experiment_id": experiment_id,
-                "run_name": run_name,
-                "tags": tags,
-            }
-        )
+        entry = {"op": "create_run", "run_id": placeholder, "experiment_id": experiment_id, "run_name": run_name}
+        self.serially(lambda: self._append({**entry, "tags": tags}))
         return placeholder
 
     def log_batch(
@@ -133,36 +225,26 @@ class TrackingBuffer:
         self.write({"op": "log_dict", "run_id": run_id, "payload": payload, "name": name})
 
     def upload_checkpoint(
-        self,
-        run_id: str,
-        checkpoint: StoragePath,
-        trial_dir: StoragePath,
-        dataset: PreparedDataset | None,
-        local: Path | None = None,
+        self, run_id: str, checkpoint: StoragePath, trial_dir: StoragePath, dataset: PreparedDataset | None
     ) -> None:
         """The trial's checkpoint folder as the run's ``checkpoint/`` artifact and its final model (``log_checkpoint``);
-        replayed later, the trial's newest checkpoint that loads then. ``local``: a copy of ``checkpoint`` on this
-        disk that loads (a bucket's checkpoint already downloaded), uploaded from when the write is applied now."""
-        self.write(
-            {
-                "op": "upload_checkpoint",
-                "run_id": run_id,
-                "checkpoint": str(checkpoint),
-                "trial_dir": str(trial_dir),
-                "dataset": asdict(dataset) if dataset else None,
-            },
-            local,
-        )
+        the trial's newest checkpoint that loads when the write is applied (Tune may have deleted ``checkpoint``)."""
+        dataset_fields = asdict(dataset) if dataset else None
+        entry = {"op": "upload_checkpoint", "run_id": run_id, "checkpoint": str(checkpoint), "dataset": dataset_fields}
+        self.write({**entry, "trial_dir": str(trial_dir)})
 
-    def write(self, entry: dict[str, Any], local: Path | None = None) -> None:
-        """Apply ``entry`` now, or queue it behind earlier ones while the server is down (or was, and a probe has not
-        answered since)."""
+    def write(self, entry: dict[str, Any]) -> None:
+        """Apply ``entry`` (on the writer thread, when there is one), or queue it behind earlier ones while the server
+        is down (or was, and a probe has not answered since)."""
+        self.serially(lambda: self._write(entry))
+
+    def _write(self, entry: dict[str, Any]) -> None:
         if self.path is not None and (self.down or self.pending):
             self._append(entry)
             self.flush()
             return
         try:
-            self._apply(entry, local)
+            self._apply(entry)
         except Exception as err:
             if not is_outage(err) or self.path is None:
                 raise
@@ -185,6 +267,8 @@ class TrackingBuffer:
     def flush(self, *, force: bool = False) -> bool:
         """Replay the buffered writes in order if the server answers a probe (at most every ``RETRY_EVERY_S`` unless
         ``force``); True when nothing is left waiting."""
+        self._flush_queued = False
+        self.wait()
         if not self.down and not self.pending:
             return True
         now = time.monotonic()
@@ -228,7 +312,7 @@ class TrackingBuffer:
             time.sleep(min(PROBE_TIMEOUT_S * 2, max(0.0, deadline - time.monotonic())))
         return True
 
-    def _apply(self, entry: dict[str, Any], local: Path | None = None) -> None:
+    def _apply(self, entry: dict[str, Any]) -> None:
         op, run_id = entry["op"], self.run_id(entry["run_id"])
         if op == "create_run":
             if run_id == entry["run_id"]:  # not created yet (a replay cut short after it keeps the mapping)
@@ -256,15 +340,12 @@ class TrackingBuffer:
         elif op == "log_dict":
             self.client.log_dict(run_id, entry["payload"], entry["name"])
         elif op == "upload_checkpoint":
-            self._upload_checkpoint(run_id, entry, local)
+            self._upload_checkpoint(run_id, entry)
         else:
             raise ValueError(f"{self.path}: unknown buffered write {op!r}")
 
-    def _upload_checkpoint(self, run_id: str, entry: dict[str, Any], local: Path | None) -> None:
+    def _upload_checkpoint(self, run_id: str, entry: dict[str, Any]) -> None:
         dataset = PreparedDataset(**entry["dataset"]) if entry["dataset"] else None
-        if local is not None:
-            log_checkpoint(self.client, self.uri, run_id, local, dataset, location=entry["checkpoint"])
-            return
         checkpoint = newest_loading_checkpoint(StoragePath(entry["checkpoint"]), StoragePath(entry["trial_dir"]))
         if checkpoint is None:
             log.warning("MLflow: run %s gets no checkpoint: no checkpoint in %s loads", run_id, entry["trial_dir"])

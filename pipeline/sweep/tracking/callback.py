@@ -7,10 +7,11 @@ run_id`` map in Tune's own experiment state (``get_state``/``set_state``), so a 
 restored sweep (``Tuner.restore``) continue the run they started; the parent run id is kept next to that state
 (``parent.PARENT_FILE``). It opens or continues the runs, and each Tune hook hands the rest to one collaborator:
 ``epochs.EpochWrites`` (one ``log_batch`` per epoch at ``step=epoch``, each epoch once), ``trial_end.TrialEnds``
-(how it ended, checkpoint, final model and dataset, off Tune's event loop) and ``failures.FailedAttempts`` (why
-attempts failed). Every write goes through the callback's ``TrackingBuffer``: a server that stays down queues them
-on disk, replayed when it answers. Runs left RUNNING by an interrupted driver are closed as KILLED by
-``close_interrupted`` and reopened on restore.
+(how it ended, checkpoint, final model and dataset) and ``failures.FailedAttempts`` (why attempts failed). Every
+write goes through the callback's ``TrackingBuffer``, which makes them in order on one writer thread (Tune's event
+loop only queues them; a run's creation is the one write the loop waits for, as it needs the run's id) and queues
+them on disk while the server is down, replayed when it answers. Runs left RUNNING by an interrupted driver are
+closed as KILLED by ``close_interrupted`` and reopened on restore.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def close_interrupted(callback: MlflowTrialCallback, reason: str | None = None) 
     closed through the buffer. ``reason`` (why the run stopped: a full storage) goes on each and on the parent as
     ``tune.stop_reason`` (kept when a re-run continues the run: it is what stopped it last)."""
     parent, buffer = callback.parent, callback.buffer
-    callback.ends.finish(raise_errors=False)  # the uploads in flight end their runs first
+    buffer.stop_writer(raise_errors=False)  # the writes in flight (a trial's end among them) are made first
     runs = callback.stored_runs() if buffer.flush(force=True) else None
     if runs is None:
         open_ids = sorted(callback.open_runs())
@@ -123,7 +124,7 @@ class MlflowTrialCallback(Callback):
         dataset: PreparedDataset | None = None,
         buffer_dir: Path | None = None,
         storage: StoragePath | None = None,
-        background_ends: bool = True,
+        background: bool = True,
     ) -> None:
         self.parent = parent
         self.run_info = run_info
@@ -138,8 +139,8 @@ class MlflowTrialCallback(Callback):
         self._written: dict[str, dict[str, Any]] = {}  # trial_id -> run name and tags it wrote (read while down)
         self._client: CountingClient | None = None
         self._buffer: TrackingBuffer | None = None
-        self.background_ends = background_ends  # False: a trial's end is logged on Tune's event loop (benchmarks)
-        self._ends: TrialEnds | None = None
+        self.background = background  # False: every write is made on Tune's event loop (benchmarks)
+        self.ends = TrialEnds(self)
         self.epoch_writes = EpochWrites(self)
         self.failures = FailedAttempts()  # the stage's summary of lost attempts
 
@@ -152,14 +153,9 @@ class MlflowTrialCallback(Callback):
     @property
     def buffer(self) -> TrackingBuffer:
         if self._buffer is None:
-            self._buffer = TrackingBuffer(self.buffer_file, self.parent.tracking_uri, lambda: self.client)
+            uri, client = self.parent.tracking_uri, lambda: self.client
+            self._buffer = TrackingBuffer(self.buffer_file, uri, client, self.background)
         return self._buffer
-
-    @property
-    def ends(self) -> TrialEnds:
-        if self._ends is None:
-            self._ends = TrialEnds(self, self.background_ends)
-        return self._ends
 
     @property
     def calls(self) -> Counter:
@@ -171,7 +167,7 @@ class MlflowTrialCallback(Callback):
         return self.epoch_writes.count
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "_buffer": None, "_ends": None}
+        return {**self.__dict__, "_client": None, "_buffer": None}
 
     # Tune's hooks
 
@@ -183,10 +179,8 @@ class MlflowTrialCallback(Callback):
         self.last_epoch.update(state.get("last_epoch", {}))
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-        if self._ends is not None:
-            self._ends.settle_done()
-        if self._buffer is not None and (self._buffer.down or self._buffer.pending):
-            self._buffer.flush()  # at most one probe every RETRY_EVERY_S; replays in order once the server answers
+        if self._buffer is not None:
+            self._buffer.settle()  # an error of a write made meanwhile raised here; replays once the server answers
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         from_earlier_sweep = trial.trial_id not in self.runs and trial.config.get("resume_run") is not None
@@ -236,7 +230,7 @@ class MlflowTrialCallback(Callback):
         self._finish(trial, "FINISHED", EARLY_STOPPED if stopped_early else FINISHED)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        self.ends.finish()
+        self.buffer.stop_writer()  # the trials' ends logged before the sweep's results are read
 
     # The trial -> run map and the runs' lifecycle
 
@@ -342,7 +336,8 @@ class MlflowTrialCallback(Callback):
 
     def read(self, read: Callable[[], Any], fallback: Any) -> Any:
         """A read of the store, or ``fallback`` while it cannot be read: the server is down, or writes wait in the
-        buffer (the store is behind them)."""
+        buffer (the store is behind them). Waits for the writes queued on the writer thread first."""
+        self.buffer.wait()
         if self.buffer.down or self.buffer.pending:
             return fallback
         try:

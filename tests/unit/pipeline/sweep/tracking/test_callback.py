@@ -85,6 +85,7 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
     for epoch in (1, 2):
         _report(first, trial, epoch)
     snapshot = {"runs": dict(first.runs), "last_epoch": {"t1": 1}}  # Tune saved its state after epoch 1 only
+    first.buffer.stop_writer()  # that driver's queued writes are made before it ends
 
     restored = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
     restored.set_state(snapshot)
@@ -92,6 +93,7 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
     for epoch in (2, 3, 4):  # the trial resumes from epoch 1's checkpoint
         _report(restored, trial, epoch)
     restored.on_trial_complete(iteration=4, trials=[trial], trial=trial)
+    restored.on_experiment_end(trials=[trial])
 
     run = mlflow.get_run(first.runs["t1"])
     for key in ("test_acc", LOCALITY):  # the locality metrics a self-attention trial reports go with the others
@@ -135,6 +137,7 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
     for epoch in (1, 2):
         _report(first, first_trial, epoch)
     run_id = first.runs["old"]
+    first.buffer.stop_writer()
     history = [{"epoch": e, "train_loss": 1.0 / e, "test_acc": 0.1 * e, LOCALITY: 1.5 + e} for e in (1, 2, 3)]
     history[0][INITIAL_PREFIX + LOCALITY] = 1.5  # already logged at step 0 with epoch 1
     (tmp_path / "checkpoint_000002").mkdir()
@@ -146,6 +149,7 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
     later.on_trial_start(iteration=0, trials=[resumed], trial=resumed)
     _report(later, resumed, 4)
     later.on_trial_complete(iteration=1, trials=[resumed], trial=resumed)
+    later.on_experiment_end(trials=[resumed])
 
     assert later.runs == {"new": run_id}  # the same run continued, under the later sweep's trial id
     points = {m.step: m.value for m in mlflow.get_metric_history(run_id, "test_acc")}
@@ -199,12 +203,14 @@ def test_retries_are_a_final_count_not_a_stale_tag(client) -> None:
         _report(callback, trial, 1)
         trial.num_failures = 1
         callback.on_trial_recover(iteration=1, trials=[trial], trial=trial)
+    callback.buffer.wait()  # the writes queued on the writer thread so far
     retrying = mlflow.get_run(callback.runs["t-retried"]).data.tags
     assert retrying["tune.status"] == "retrying" and "tune.retries" not in retrying
     _report(callback, finished, 2)
     callback.on_trial_complete(iteration=2, trials=[finished], trial=finished)
     failed.num_failures = 2  # failed again, past max_failures=1
     callback.on_trial_error(iteration=2, trials=[failed], trial=failed)
+    callback.on_experiment_end(trials=[finished, failed])
     assert mlflow.get_run(callback.runs["t-retried"]).data.tags["tune.retries"] == "1"
     ended = mlflow.get_run(callback.runs["t-failed"])
     assert ended.data.tags["tune.retries"] == "1" and ended.info.status == "FAILED"
@@ -226,11 +232,13 @@ def test_every_node_a_trial_ran_on_is_recorded_across_a_restore(client) -> None:
     first.on_trial_start(iteration=0, trials=[trial], trial=trial)
     report(first, 1, "node-a")
     report(first, 2, "node-b")  # retried on another node
+    first.buffer.stop_writer()
     restored = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
     restored.set_state({"runs": dict(first.runs), "last_epoch": {"t2": 2}})
     restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
     report(restored, 3, "node-a")  # back on the first node after the restore
     report(restored, 4, "node-c")
+    restored.buffer.wait()
     tags = mlflow.get_run(first.runs["t2"]).data.tags
     assert tags[NODES_TAG] == "node-a,node-b,node-c" and tags["ray.node_id"] == "node-c"
 
@@ -286,6 +294,48 @@ def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
     assert after.info.status == "FINISHED" and "model_uri" in after.data.tags
     assert after.data.tags["tune.status"] == "finished" and after.data.tags["tune.last_epoch"] == "1"
     assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
+
+
+def test_a_trials_params_and_epochs_are_written_off_tunes_event_loop(client) -> None:
+    """With the store slow (the writer thread held), Tune's event loop makes one request per trial, the run's
+    creation; the params and epochs queue behind the writes before them and reach the run in order."""
+    import threading
+
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    callback, trial, release = (
+        MlflowTrialCallback(sweep, _describe, {}, epochs=2),
+        _Trial("t-queued"),
+        threading.Event(),
+    )
+    callback.buffer.serially(lambda: release.wait(60))  # a slow store: the writer is busy
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    for epoch in (1, 2):
+        _report(callback, trial, epoch)
+    callback.on_step_end(iteration=2, trials=[trial])
+    callback.on_trial_complete(iteration=2, trials=[trial], trial=trial)
+    assert dict(callback.calls) == {"create_run": 1}  # all Tune's loop waited for
+    release.set()
+    callback.on_experiment_end(trials=[trial])
+    run = mlflow.get_run(callback.runs["t-queued"])
+    assert [m.step for m in mlflow.get_metric_history(run.info.run_id, "test_acc")] == [1, 2]
+    assert run.data.params == {"variant": "x"} and run.info.status == "FINISHED"
+    assert run.data.tags["tune.status"] == "finished"
+
+
+def test_a_write_the_store_refuses_on_the_writer_thread_is_raised_in_the_driver(client) -> None:
+    """Not lost in the thread: a refused write (the run deleted meanwhile) stops the sweep as it did on the loop."""
+    from mlflow.exceptions import MlflowException
+
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    callback, trial = MlflowTrialCallback(sweep, _describe, {}, epochs=2), _Trial("t-refused")
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    callback.buffer.wait()
+    mlflow.delete_run(callback.runs["t-refused"])
+    _report(callback, trial, 1)
+    with pytest.raises(MlflowException, match="deleted"):
+        callback.on_experiment_end(trials=[trial])
 
 
 def test_a_trials_checkpoint_is_read_once_at_its_end(client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
