@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterable
 from functools import partial
@@ -29,6 +30,7 @@ from typing import Any
 import requests
 from filelock import FileLock
 from mlflow.entities import Run
+from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
 from mlflow.exceptions import MlflowException
 from mlflow.store.tracking.rest_store import RestStore
 from mlflow.tracking import MlflowClient
@@ -70,6 +72,9 @@ def mlflow_client(uri: str, *, short_budget: bool = False) -> MlflowClient:
     ``WRITE_BUDGET`` (the sweep's writes, which an outage must not stall) instead of MLflow's minutes of retries."""
     client = MlflowClient(uri)
     if short_budget and uri.startswith(("http://", "https://")):
+        # Ending a run on a server, MLflow reads it back to print two "View run" lines: a request and two lines of the
+        # sweep's log per trial (the stage prints the sweep's UI address once). A value the user set wins.
+        os.environ.setdefault(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name, "true")
         client._tracking_client = _TrackingClientOf(uri, ShortBudgetRestStore(partial(get_default_host_creds, uri)))
     return client
 
