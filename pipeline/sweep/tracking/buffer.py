@@ -20,9 +20,11 @@ minutes by default) made every write raise, and the sweep died while its trials 
   of that trial that loads (Tune keeps only the last two, so the one named may be gone by then).
 
 With ``background`` (the sweep's callback) every write is made, in order, on one writer thread (``SerialWriter``),
-the outage handling above included: Tune's event loop only queues it. Measured before (py-spy, 60 trials): the loop
-waited about 0.1 s per trial on the store (a trial's params, each epoch), during which no trial got its next report,
-so both trial slots stood idle. MLflow's own asynchronous logging (``log_batch(synchronous=False)``) is not used: it
+the outage handling above included: Tune's event loop only queues it. A new run too: the loop hands out a placeholder
+id (``buffered-<trial id>``) that the writes queued behind it name, mapped to the run once it is made (``RUNS_FILE``,
+so Tune's saved state may hold the placeholder). Measured before (py-spy, 60 trials): the loop waited about 0.1 s per
+trial on the store (a trial's run, its params, each epoch), during which no trial got its next report, so both trial
+slots stood idle. MLflow's own asynchronous logging (``log_batch(synchronous=False)``) is not used: it
 logs a failed batch and drops it, where an outage must queue it here.
 """
 
@@ -41,7 +43,7 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 
-from pipeline.io import write_json_atomic, write_text_atomic
+from pipeline.io import write_text_atomic
 from pipeline.sweep.checkpoints import newest_loading_checkpoint
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.logged_model import PreparedDataset, log_checkpoint
@@ -50,7 +52,7 @@ from pipeline.sweep.tracking.store import PROBE_TIMEOUT_S, is_outage, mlflow_cli
 log = logging.getLogger(__name__)
 
 BUFFER_FILE = "mlflow_buffer.jsonl"  # in the Ray experiment directory
-RUNS_FILE = "mlflow_buffer_runs.json"  # beside it: run id handed out while the server was down -> the run it became
+RUNS_FILE = "mlflow_buffer_runs.json"  # beside it: run id handed out before its run existed -> the run it became
 PLACEHOLDER = "buffered-"  # how such a run id starts (``buffered-<trial id>``)
 RETRY_EVERY_S = 10.0  # while the server is down: at most one /health probe per this many seconds
 FINAL_WAIT_S = 60.0  # at the end of a sweep: how long to wait for a server that is down before giving up
@@ -96,7 +98,8 @@ class SerialWriter:
             raise errors[0]
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False)
+        """Stop the thread; work still waiting is dropped (callers drain first)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class TrackingBuffer:
@@ -194,10 +197,12 @@ class TrackingBuffer:
 
     # The writes the driver makes, each one entry of the buffer.
     def create_run(self, placeholder: str, experiment_id: str, run_name: str, tags: dict[str, str]) -> str:
-        """A run created while the server is down: ``placeholder`` stands for it in the writes queued behind it."""
+        """A new run, made as any write (on the writer thread, or queued while the server is down): ``placeholder``
+        stands for it in the writes queued behind it until then. Its id: the run's own when it was made now (no
+        writer thread), else the placeholder (``run_id`` maps it once the run exists)."""
         entry = {"op": "create_run", "run_id": placeholder, "experiment_id": experiment_id, "run_name": run_name}
-        self.serially(lambda: self._append({**entry, "tags": tags}))
-        return placeholder
+        self.write({**entry, "tags": tags})
+        return self.run_id(placeholder)
 
     def log_batch(
         self, run_id: str, metrics: Sequence[Metric] = (), params: Sequence[Param] = (), tags: Sequence[RunTag] = ()
@@ -318,6 +323,8 @@ class TrackingBuffer:
             if run_id == entry["run_id"]:  # not created yet (a replay cut short after it keeps the mapping)
                 run = self.client.create_run(entry["experiment_id"], run_name=entry["run_name"], tags=entry["tags"])
                 self._resolve(run_id, run.info.run_id)
+                trial = run_id.removeprefix(PLACEHOLDER)
+                log.info("MLflow: trial %s -> run %s (%s)", trial, run.info.run_id, entry["run_name"])
         elif op == "log_batch":
             metrics = [Metric(*m) for m in entry["metrics"]]
             if entry.get("attempted") and metrics:  # sent once already: a timeout may hide that the server got it
@@ -354,9 +361,18 @@ class TrackingBuffer:
             log_checkpoint(self.client, self.uri, run_id, copy, dataset, location=str(checkpoint))
 
     def _resolve(self, placeholder: str, run_id: str) -> None:
+        """Kept on disk beside the buffer: Tune's saved state may name the placeholder (it was saved before the run
+        was made), and a restored sweep maps it through this file. Without a buffer file, in memory only."""
         self.resolved[placeholder] = run_id
-        assert self.path is not None, "only a buffer on disk hands out placeholders"
-        write_json_atomic(self.path.with_name(RUNS_FILE), self.resolved)
+        if self.path is not None:
+            write_text_atomic(self.path.with_name(RUNS_FILE), json.dumps(self.resolved))
+
+    def knows(self, run_id: str) -> bool:
+        """Whether ``run_id`` names a run: a real id, a placeholder made since, or one still queued in the file. A
+        placeholder it does not know was never made (queued on the writer thread of a driver that was killed)."""
+        if not run_id.startswith(PLACEHOLDER) or run_id in self.resolved:
+            return True
+        return any(e["op"] == "create_run" and e["run_id"] == run_id for e in self.entries())
 
     def entries(self) -> list[dict[str, Any]]:
         if self.path is None or not self.path.is_file():

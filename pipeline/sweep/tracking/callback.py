@@ -175,7 +175,11 @@ class MlflowTrialCallback(Callback):
         return {"runs": self.run_ids(), "last_epoch": dict(self.last_epoch)}
 
     def set_state(self, state: dict) -> None:
-        self.runs.update(state.get("runs", {}))
+        runs = state.get("runs", {})
+        never_made = sorted(trial_id for trial_id, run_id in runs.items() if not self.buffer.knows(run_id))
+        if never_made:  # its run was queued on a killed driver's writer thread: found by its trial id, or made anew
+            log.warning("MLflow: the run of trial(s) %s was never made; the restore looks for it", never_made)
+        self.runs.update({trial_id: run_id for trial_id, run_id in runs.items() if trial_id not in never_made})
         self.last_epoch.update(state.get("last_epoch", {}))
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
@@ -235,7 +239,9 @@ class MlflowTrialCallback(Callback):
     # The trial -> run map and the runs' lifecycle
 
     def _open_run(self, trial: Any) -> None:
-        """A new child run of the parent for ``trial``, with its params and what it measured before training."""
+        """A new child run of the parent for ``trial``, with its params and what it measured before training. Made on
+        the writer thread like every write (a request per trial start on Tune's loop was the last of its waits): until
+        then a placeholder id stands for it."""
         described = self.run_info(trial.config)
         tags = {
             **self.tags,
@@ -246,8 +252,9 @@ class MlflowTrialCallback(Callback):
             TRIAL_PATH_TAG: str(self.location_of(trial.path)),  # where a later sweep finds checkpoints to resume from
             STATUS_TAG: "running",
         }
-        run_id = self._create_run(trial.trial_id, described.run_name, tags)
-        self.epoch_writes.opened(run_id)
+        placeholder, experiment_id = f"{PLACEHOLDER}{trial.trial_id}", self.parent.experiment_id
+        run_id = self.buffer.create_run(placeholder, experiment_id, described.run_name, tags)  # made off the loop
+        self.epoch_writes.opened(trial.trial_id)
         self._remember(trial, tags, described.run_name)
         now = int(time.time() * 1000)
         self.buffer.log_batch(
@@ -258,19 +265,6 @@ class MlflowTrialCallback(Callback):
         for name, payload in described.start_artifacts.items():
             self.buffer.log_dict(run_id, payload, name)
         self.runs[trial.trial_id] = run_id
-        log.info("MLflow: trial %s -> run %s (%s)", trial.trial_id, run_id, described.run_name)
-
-    def _create_run(self, trial_id: str, run_name: str, tags: dict[str, str]) -> str:
-        """The new run's id; while the server is down a placeholder that the buffer's replay creates the run for."""
-        buffer = self.buffer
-        if not (buffer.down or buffer.pending):
-            try:
-                return self.client.create_run(self.parent.experiment_id, run_name=run_name, tags=tags).info.run_id
-            except MlflowException as err:
-                if not is_outage(err) or self.buffer_file is None:
-                    raise
-                buffer.went_down(err)
-        return buffer.create_run(f"{PLACEHOLDER}{trial_id}", self.parent.experiment_id, run_name, tags)
 
     def _finish(self, trial: Any, status: str, label: str) -> None:
         run_id = self._run(trial.trial_id)

@@ -44,19 +44,20 @@ class EpochWrites:
     def __init__(self, callback: MlflowTrialCallback) -> None:
         self.callback = callback
         self.logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
-        self.nodes: dict[str, list[str]] = {}  # run_id -> the nodes it ran on (the ray.node_ids tag)
+        self.nodes: dict[str, list[str]] = {}  # trial_id -> the nodes its run ran on (the ray.node_ids tag)
         self.seen_where: dict[str, dict[str, str]] = {}  # trial_id -> node and device of its last report
         self.count = 0  # epochs logged by this driver (the benchmarks' rate)
 
-    def opened(self, run_id: str) -> None:
-        """A run this driver just created: it has run on no node yet, so its first report's ``ray.node_ids`` needs no
-        read of the run (one request fewer per trial)."""
-        self.nodes[run_id] = []
+    def opened(self, trial_id: str) -> None:
+        """The trial's run is one this driver just created: it has run on no node yet, so its first report's
+        ``ray.node_ids`` needs no read of the run (one request fewer per trial)."""
+        self.nodes[trial_id] = []
 
     def continued(self, trial: Any, run_id: str, from_earlier_sweep: bool) -> None:
         """A run continued by a retry, a restore or a trial resumed from an earlier sweep: which epochs it has."""
         callback = self.callback
-        history = callback.read(lambda: callback.client.get_metric_history(run_id, EPOCH_METRICS[0]), None)
+        client, real_id = callback.client, callback.buffer.run_id  # a placeholder's run is made once the read waited
+        history = callback.read(lambda: client.get_metric_history(real_id(run_id), EPOCH_METRICS[0]), None)
         if history is not None:
             self.logged_through[trial.trial_id] = max((m.step for m in history), default=0)
             if from_earlier_sweep:
@@ -103,20 +104,21 @@ class EpochWrites:
             return []
         self.seen_where[trial_id] = where
         if node := where.get("ray.node_id"):
-            where |= self._nodes_tag(run_id, node)
+            where |= self._nodes_tag(trial_id, run_id, node)
         return [RunTag(k, v) for k, v in where.items()]
 
-    def _nodes_tag(self, run_id: str, node: str) -> dict[str, str]:
+    def _nodes_tag(self, trial_id: str, run_id: str, node: str) -> dict[str, str]:
         """``ray.node_ids``: every node the trial ran on, in order (a retried trial can move; ``ray.node_id`` is the
         last one). Read back from the run once per driver process, so a restored sweep extends the list."""
-        nodes = self.nodes.get(run_id)
+        nodes = self.nodes.get(trial_id)
         if nodes is None:
             callback = self.callback
+            client, real_id = callback.client, callback.buffer.run_id
             recorded = "" if run_id.startswith(PLACEHOLDER) else None  # a run created while down has none yet
-            recorded = callback.read(lambda: callback.client.get_run(run_id).data.tags.get(NODES_TAG, ""), recorded)
+            recorded = callback.read(lambda: client.get_run(real_id(run_id)).data.tags.get(NODES_TAG, ""), recorded)
             if recorded is None:  # unreadable now: leave the tag as it is rather than drop the nodes it lists
                 return {}
-            nodes = self.nodes[run_id] = [n for n in recorded.split(",") if n]
+            nodes = self.nodes[trial_id] = [n for n in recorded.split(",") if n]
         if node in nodes:
             return {}
         nodes.append(node)

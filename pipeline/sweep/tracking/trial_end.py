@@ -78,6 +78,7 @@ class TrialEnds:
         """Upload the checkpoint and log the model directly while the server answers; then (or else) the writes left,
         through the buffer, which queues them while the server is down."""
         buffer = self.callback.buffer
+        end.run_id = buffer.run_id(end.run_id)  # made by now, unless the server is down (then the replay maps it)
         if end.checkpoint is None:
             end.uploaded = True
         elif not (buffer.down or buffer.pending):

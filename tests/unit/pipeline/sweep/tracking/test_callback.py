@@ -3,6 +3,7 @@ set), epochs logged once across restores and later sweeps, checkpoints uploaded 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -73,21 +74,25 @@ def _report(callback: MlflowTrialCallback, trial: _Trial, epoch: int) -> None:
     callback.on_trial_result(iteration=epoch, trials=[trial], trial=trial, result=result)
 
 
-def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
+def test_a_resumed_trial_does_not_log_an_epoch_twice(client, tmp_path: Path) -> None:
     """Tune restores from its last snapshot, which can lag behind the last report (Ctrl-C in between): the epoch
-    trained again after the restore is already in the run and must not be logged a second time."""
+    trained again after the restore is already in the run and must not be logged a second time. The snapshot names
+    the run by the placeholder it had before the writer thread made it; the restore maps it through the buffer's
+    run file."""
     mlflow, experiment_id = client
     parent = mlflow.create_run(experiment_id).info.run_id
     sweep = ParentRun(mlflow.tracking_uri, experiment_id, parent)
     trial = _Trial("t1")
-    first = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    first = MlflowTrialCallback(sweep, _describe, {}, epochs=4, buffer_dir=tmp_path)
+    first.buffer.serially(lambda: time.sleep(0.5))  # the run is made after Tune saved its state
     first.on_trial_start(iteration=0, trials=[trial], trial=trial)
     for epoch in (1, 2):
         _report(first, trial, epoch)
     snapshot = {"runs": dict(first.runs), "last_epoch": {"t1": 1}}  # Tune saved its state after epoch 1 only
+    assert snapshot["runs"] == {"t1": "buffered-t1"}
     first.buffer.stop_writer()  # that driver's queued writes are made before it ends
 
-    restored = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
+    restored = MlflowTrialCallback(sweep, _describe, {}, epochs=4, buffer_dir=tmp_path)
     restored.set_state(snapshot)
     restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
     for epoch in (2, 3, 4):  # the trial resumes from epoch 1's checkpoint
@@ -95,7 +100,7 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client) -> None:
     restored.on_trial_complete(iteration=4, trials=[trial], trial=trial)
     restored.on_experiment_end(trials=[trial])
 
-    run = mlflow.get_run(first.runs["t1"])
+    run = mlflow.get_run(first.run_ids()["t1"])
     for key in ("test_acc", LOCALITY):  # the locality metrics a self-attention trial reports go with the others
         steps = [m.step for m in mlflow.get_metric_history(run.info.run_id, key)]
         assert sorted(steps) == ([0] if key == LOCALITY else []) + [1, 2, 3, 4], key  # locality from its init
@@ -113,17 +118,49 @@ def test_a_restore_continues_the_run_tunes_saved_state_does_not_name(client) -> 
     trial, other = _Trial("unsaved"), _Trial("never-started")
     first = MlflowTrialCallback(sweep, _describe, {}, epochs=2)
     first.on_trial_start(iteration=0, trials=[trial], trial=trial)
-    mlflow.set_terminated(first.runs["unsaved"], "KILLED")  # closed by close_interrupted; Tune saved no state
+    first.buffer.wait()  # the run made
+    mlflow.set_terminated(first.run_ids()["unsaved"], "KILLED")  # closed by close_interrupted; Tune saved no state
 
     restored = MlflowTrialCallback(sweep, _describe, {}, epochs=2)
     assert restored.adopt_child_runs() == 1
     for started in (trial, other):
         restored.on_trial_start(iteration=0, trials=[trial, other], trial=started)
-    assert restored.runs["unsaved"] == first.runs["unsaved"]  # continued: one run per trial
-    assert restored.runs["never-started"] != first.runs["unsaved"]
-    assert mlflow.get_run(first.runs["unsaved"]).info.status == "RUNNING"
+    restored.buffer.wait()
+    assert restored.run_ids()["unsaved"] == first.run_ids()["unsaved"]  # continued: one run per trial
+    assert restored.run_ids()["never-started"] != first.run_ids()["unsaved"]
+    assert mlflow.get_run(first.run_ids()["unsaved"]).info.status == "RUNNING"
     children = mlflow.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{sweep.parent_run_id}'")
     assert len(children) == 2
+
+
+def test_a_run_a_killed_driver_never_made_is_made_once_by_the_restore(client, tmp_path: Path, caplog) -> None:
+    """Tune saved its state naming the trial's run by its placeholder, and the driver was killed before its writer
+    thread made the run: the restore drops the placeholder (nothing maps it, no buffered write makes it) and opens
+    one run for the trial, instead of writing to a run that does not exist."""
+    import threading
+
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    trial, gate = _Trial("lost"), threading.Event()
+    first = MlflowTrialCallback(sweep, _describe, {}, epochs=2, buffer_dir=tmp_path)
+    first.buffer.serially(gate.wait)  # a slow store: the writer is busy
+    first.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    snapshot = first.get_state()
+    first.buffer._writer.shutdown()  # the driver is killed: nothing it queued is made
+    gate.set()
+
+    restored = MlflowTrialCallback(sweep, _describe, {}, epochs=2, buffer_dir=tmp_path)
+    assert restored.adopt_child_runs() == 0
+    restored.set_state(snapshot)
+    assert "the run of trial(s) ['lost'] was never made" in caplog.text
+    restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    for epoch in (1, 2):
+        _report(restored, trial, epoch)
+    restored.on_trial_complete(iteration=2, trials=[trial], trial=trial)
+    restored.on_experiment_end(trials=[trial])
+    (child,) = mlflow.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{sweep.parent_run_id}'")
+    assert child.info.run_id == restored.run_ids()["lost"] and child.info.status == "FINISHED"
+    assert [m.step for m in mlflow.get_metric_history(child.info.run_id, "test_acc")] == [1, 2]
 
 
 def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_by(client, tmp_path: Path) -> None:
@@ -136,8 +173,8 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
     first.on_trial_start(iteration=0, trials=[first_trial], trial=first_trial)
     for epoch in (1, 2):
         _report(first, first_trial, epoch)
-    run_id = first.runs["old"]
     first.buffer.stop_writer()
+    run_id = first.run_ids()["old"]
     history = [{"epoch": e, "train_loss": 1.0 / e, "test_acc": 0.1 * e, LOCALITY: 1.5 + e} for e in (1, 2, 3)]
     history[0][INITIAL_PREFIX + LOCALITY] = 1.5  # already logged at step 0 with epoch 1
     (tmp_path / "checkpoint_000002").mkdir()
@@ -184,7 +221,7 @@ def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, trunca
     _report(callback, trial, 1)
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
     callback.on_experiment_end(trials=[trial])  # as Tune does when fit() ends: the trial ends logging are done
-    run = mlflow.get_run(callback.runs["t-upload"])
+    run = mlflow.get_run(callback.run_ids()["t-upload"])
     uploaded = [a.path for a in mlflow.list_artifacts(run.info.run_id, "checkpoint")]
     assert uploaded == ([] if truncated else ["checkpoint/checkpoint.pt"])
     assert ("model_uri" in run.data.tags) is not truncated  # nor is a model logged from it
@@ -204,15 +241,15 @@ def test_retries_are_a_final_count_not_a_stale_tag(client) -> None:
         trial.num_failures = 1
         callback.on_trial_recover(iteration=1, trials=[trial], trial=trial)
     callback.buffer.wait()  # the writes queued on the writer thread so far
-    retrying = mlflow.get_run(callback.runs["t-retried"]).data.tags
+    retrying = mlflow.get_run(callback.run_ids()["t-retried"]).data.tags
     assert retrying["tune.status"] == "retrying" and "tune.retries" not in retrying
     _report(callback, finished, 2)
     callback.on_trial_complete(iteration=2, trials=[finished], trial=finished)
     failed.num_failures = 2  # failed again, past max_failures=1
     callback.on_trial_error(iteration=2, trials=[failed], trial=failed)
     callback.on_experiment_end(trials=[finished, failed])
-    assert mlflow.get_run(callback.runs["t-retried"]).data.tags["tune.retries"] == "1"
-    ended = mlflow.get_run(callback.runs["t-failed"])
+    assert mlflow.get_run(callback.run_ids()["t-retried"]).data.tags["tune.retries"] == "1"
+    ended = mlflow.get_run(callback.run_ids()["t-failed"])
     assert ended.data.tags["tune.retries"] == "1" and ended.info.status == "FAILED"
     assert "tune.failure_reason" not in ended.data.tags  # an ordinary error: no reason recorded, retried as usual
 
@@ -234,12 +271,12 @@ def test_every_node_a_trial_ran_on_is_recorded_across_a_restore(client) -> None:
     report(first, 2, "node-b")  # retried on another node
     first.buffer.stop_writer()
     restored = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
-    restored.set_state({"runs": dict(first.runs), "last_epoch": {"t2": 2}})
+    restored.set_state({"runs": first.run_ids(), "last_epoch": {"t2": 2}})
     restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
     report(restored, 3, "node-a")  # back on the first node after the restore
     report(restored, 4, "node-c")
     restored.buffer.wait()
-    tags = mlflow.get_run(first.runs["t2"]).data.tags
+    tags = mlflow.get_run(first.run_ids()["t2"]).data.tags
     assert tags[NODES_TAG] == "node-a,node-b,node-c" and tags["ray.node_id"] == "node-c"
 
 
@@ -262,17 +299,18 @@ def _checkpointed_trial(tmp_path: Path, trial_id: str) -> _Trial:
 def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
     client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """on_trial_complete returns while the model is still being logged (Tune starts the next trial meanwhile), without
-    a request of its own; the run is labelled and closed after its model, and on_experiment_end waits for it."""
+    """on_trial_complete returns while the model is still being logged (Tune starts the next trial meanwhile); the run
+    is labelled and closed after its model, and on_experiment_end waits for it."""
     import threading
 
     from pipeline.sweep.tracking import trial_end as module
 
     mlflow, experiment_id = client
     sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
-    release, real = threading.Event(), module.log_checkpoint
+    entered, release, real = threading.Event(), threading.Event(), module.log_checkpoint
 
     def held(*args, **kwargs) -> None:
+        entered.set()
         assert release.wait(60), "never released"
         real(*args, **kwargs)
 
@@ -281,10 +319,9 @@ def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
     callback = MlflowTrialCallback(sweep, _describe, {}, epochs=1)
     callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
     _report(callback, trial, 1)
-    before = sum(callback.calls.values())
-    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)  # returns with the upload held
-    assert sum(callback.calls.values()) == before  # nothing written on Tune's event loop
-    run_id = callback.runs["t-background"]
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)  # returns; the writer thread logs the model
+    assert entered.wait(60)
+    run_id = callback.run_ids()["t-background"]
     during = mlflow.get_run(run_id)
     assert during.info.status == "RUNNING" and "model_uri" not in during.data.tags
     assert during.data.tags["tune.status"] == "running"  # labelled with the checkpoint's tags, in one request
@@ -296,9 +333,9 @@ def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
     assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
 
 
-def test_a_trials_params_and_epochs_are_written_off_tunes_event_loop(client) -> None:
-    """With the store slow (the writer thread held), Tune's event loop makes one request per trial, the run's
-    creation; the params and epochs queue behind the writes before them and reach the run in order."""
+def test_a_trials_run_params_and_epochs_are_written_off_tunes_event_loop(client) -> None:
+    """With the store slow (the writer thread held), Tune's event loop makes no request: the trial's run, its params
+    and epochs queue behind the writes before them and reach the store in order."""
     import threading
 
     mlflow, experiment_id = client
@@ -314,10 +351,11 @@ def test_a_trials_params_and_epochs_are_written_off_tunes_event_loop(client) -> 
         _report(callback, trial, epoch)
     callback.on_step_end(iteration=2, trials=[trial])
     callback.on_trial_complete(iteration=2, trials=[trial], trial=trial)
-    assert dict(callback.calls) == {"create_run": 1}  # all Tune's loop waited for
+    assert dict(callback.calls) == {}  # Tune's loop waited for nothing
+    assert callback.run_ids() == {"t-queued": "buffered-t-queued"}  # the run is not made yet
     release.set()
     callback.on_experiment_end(trials=[trial])
-    run = mlflow.get_run(callback.runs["t-queued"])
+    run = mlflow.get_run(callback.run_ids()["t-queued"])
     assert [m.step for m in mlflow.get_metric_history(run.info.run_id, "test_acc")] == [1, 2]
     assert run.data.params == {"variant": "x"} and run.info.status == "FINISHED"
     assert run.data.tags["tune.status"] == "finished"
@@ -332,7 +370,7 @@ def test_a_write_the_store_refuses_on_the_writer_thread_is_raised_in_the_driver(
     callback, trial = MlflowTrialCallback(sweep, _describe, {}, epochs=2), _Trial("t-refused")
     callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
     callback.buffer.wait()
-    mlflow.delete_run(callback.runs["t-refused"])
+    mlflow.delete_run(callback.run_ids()["t-refused"])
     _report(callback, trial, 1)
     with pytest.raises(MlflowException, match="deleted"):
         callback.on_experiment_end(trials=[trial])
@@ -351,7 +389,7 @@ def test_a_trials_checkpoint_is_read_once_at_its_end(client, tmp_path: Path, mon
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
     callback.on_experiment_end(trials=[trial])
     assert [Path(p).name for p in reads if Path(p).name == "checkpoint.pt"] == ["checkpoint.pt"]
-    assert "model_uri" in mlflow.get_run(callback.runs["t-read-once"]).data.tags
+    assert "model_uri" in mlflow.get_run(callback.run_ids()["t-read-once"]).data.tags
 
 
 def test_a_trial_whose_checkpoint_does_not_load_still_ends_labelled(client, tmp_path: Path) -> None:
@@ -366,7 +404,7 @@ def test_a_trial_whose_checkpoint_does_not_load_still_ends_labelled(client, tmp_
     _report(callback, trial, 1)
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
     callback.on_experiment_end(trials=[trial])
-    run = mlflow.get_run(callback.runs["t-truncated"])
+    run = mlflow.get_run(callback.run_ids()["t-truncated"])
     assert run.info.status == "FINISHED" and "model_uri" not in run.data.tags
     assert run.data.tags["tune.status"] == "early_stopped" and run.data.tags["tune.last_epoch"] == "1"
 
@@ -417,7 +455,7 @@ def test_an_outage_during_a_background_trial_end_goes_to_the_buffer_and_is_repla
     _report(callback, trial, 1)
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
     callback.on_experiment_end(trials=[trial])
-    run_id = callback.runs["t-outage"]
+    run_id = callback.run_ids()["t-outage"]
     assert callback.buffer.down and callback.buffer.pending == 3  # how it ended, the upload, then the run's end
     assert mlflow.get_run(run_id).info.status == "RUNNING"
     monkeypatch.undo()  # the server answers again
