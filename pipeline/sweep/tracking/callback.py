@@ -342,6 +342,11 @@ class MlflowTrialCallback(Callback):
             self.buffer.went_down(err)
             return fallback
 
+    def read_run(self, run_id: str, read: Callable[[str], Any], fallback: Any) -> Any:
+        """``self.read`` of one run: ``read`` gets its real id (a placeholder maps to the run the writer thread made
+        for it, once the writes queued before the read are done)."""
+        return self.read(lambda: read(self.buffer.run_id(run_id)), fallback)
+
     def _remember(self, trial: Any, tags: dict[str, str], run_name: str | None = None) -> None:
         known = self._written.setdefault(trial.trial_id, {"run_name": run_name, "tags": {}})
         if known["run_name"] is None:

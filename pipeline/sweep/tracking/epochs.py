@@ -56,8 +56,7 @@ class EpochWrites:
     def continued(self, trial: Any, run_id: str, from_earlier_sweep: bool) -> None:
         """A run continued by a retry, a restore or a trial resumed from an earlier sweep: which epochs it has."""
         callback = self.callback
-        client, real_id = callback.client, callback.buffer.run_id  # a placeholder's run is made once the read waited
-        history = callback.read(lambda: client.get_metric_history(real_id(run_id), EPOCH_METRICS[0]), None)
+        history = callback.read_run(run_id, lambda run: callback.client.get_metric_history(run, EPOCH_METRICS[0]), None)
         if history is not None:
             self.logged_through[trial.trial_id] = max((m.step for m in history), default=0)
             if from_earlier_sweep:
@@ -113,9 +112,10 @@ class EpochWrites:
         nodes = self.nodes.get(trial_id)
         if nodes is None:
             callback = self.callback
-            client, real_id = callback.client, callback.buffer.run_id
             recorded = "" if run_id.startswith(PLACEHOLDER) else None  # a run created while down has none yet
-            recorded = callback.read(lambda: client.get_run(real_id(run_id)).data.tags.get(NODES_TAG, ""), recorded)
+            recorded = callback.read_run(
+                run_id, lambda run: callback.client.get_run(run).data.tags.get(NODES_TAG, ""), recorded
+            )
             if recorded is None:  # unreadable now: leave the tag as it is rather than drop the nodes it lists
                 return {}
             nodes = self.nodes[trial_id] = [n for n in recorded.split(",") if n]
