@@ -258,9 +258,16 @@ def throughput(ev: Evidence) -> list[dict[str, Any]]:
             continue
         progress(f"  throughput {name} / {path}")
         model_cfg = PAPER_VARIANTS[name].apply(ModelConfig(**_base_model(ev)))
-        row = measure(name, path, model_cfg, args, device, peak)
+        try:
+            row = measure(name, path, model_cfg, args, device, peak)
+        except Exception as error:  # one path's failure (a diverged graphed step, H200) must not cost the others
+            rows.append({"model": name, "path": path, "failed": f"{type(error).__name__}: {error}"})
+            continue
         if row is not None:
             rows.append({**asdict(row), "epoch_s": row.epoch_s, "projection_300_epochs_s": EPOCHS * row.epoch_s})
+    failed = [f"{r['model']} / {r['path']}: {r['failed']}" for r in rows if "failed" in r]
+    if failed:
+        raise SectionFailed(f"{len(failed)} path(s) failed: " + "; ".join(failed), rows)
     return rows
 
 
@@ -466,6 +473,7 @@ def markdown(document: dict[str, Any]) -> str:
                 "epoch_s",
                 "projection_300_epochs_s",
                 "skipped",
+                "failed",
             ],
         )
         lines.append("")
@@ -525,11 +533,11 @@ def _cell(value: Any) -> str:
 # default budget, so one slow section cannot starve the ones after it).
 SECTION_WORK = {
     "environment": (environment, 5.0, 20.0),
-    "cuda_tests": (cuda_tests, 20.0, 80.0),  # two of them compile: 40 s was too little on a cold inductor cache
+    "cuda_tests": (cuda_tests, 20.0, 110.0),  # four of them compile: 40 s was too little for two (cold cache)
     "logits": (logits, 15.0, 40.0),
-    "throughput": (throughput, 30.0, 210.0),
+    "throughput": (throughput, 30.0, 200.0),  # all paths: 122-174 s on H200s
     "sharing": (sharing, 30.0, 50.0),
-    "training": (training, 40.0, 140.0),
+    "training": (training, 40.0, 120.0),  # 60-95 s on H200s
 }
 
 

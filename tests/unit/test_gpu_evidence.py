@@ -168,3 +168,29 @@ def test_a_failed_check_keeps_what_the_section_measured(tmp_path: Path) -> None:
     assert sections["sharing"]["status"] == "ok"
     assert not evidence.ok()
     assert "## logits failed" in (tmp_path / "evidence.md").read_text()
+
+
+def test_a_failed_path_keeps_the_other_throughput_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One path failing (SA quadratic 9 graphed diverged on an H200 under torch 2.11) is a failed row: the section
+    keeps every other path's figures, and the goals still read them, instead of losing the whole table."""
+    from benchmarks import gpu_evidence, train_throughput
+    from pipeline.trial.loop import DivergedError
+
+    def measure(name, path, *_):
+        if (name, path) == ("sa_quadratic_9", "optimised"):
+            raise DivergedError(1, 8, float("nan"))
+        return train_throughput.Row(name, path, 100.0, 200.0, 1.0, 0.1, None, 0.1, 0.1)
+
+    monkeypatch.setattr(train_throughput, "measure", measure)
+    evidence = gpu_evidence.Evidence(tmp_path, budget_s=60, tiny=True)
+    evidence.meta.update(matmul_peak_tflops=1.0, matmul_peak_dtype="float32")
+    evidence.run("throughput", gpu_evidence.throughput, needs_s=0, cap_s=30)
+    document = json.loads((tmp_path / "evidence.json").read_text())
+    section = document["sections"]["throughput"]
+    assert section["status"] == "failed"
+    assert "sa_quadratic_9 / optimised: DivergedError" in section["note"]
+    [failed] = [r for r in section["results"] if "failed" in r]
+    assert (failed["model"], failed["path"]) == ("sa_quadratic_9", "optimised")
+    assert sum("train_ips" in r for r in section["results"]) == len(section["results"]) - 1
+    assert document["goals"][0]["figure"] is not None  # SA quadratic 9's best remaining path
+    assert "| sa_quadratic_9 | optimised |" in (tmp_path / "evidence.md").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import pickle
@@ -534,3 +535,35 @@ def test_cuda_graphs_match_eager_on_cuda(tmp_path):
     for epoch in range(2):
         for key in ("train_loss", "test_loss", "test_acc"):
             assert graphed.metrics[epoch][key] == pytest.approx(eager.metrics[epoch][key], rel=1e-3, abs=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("eager_forward_first", [False, True])
+def test_cuda_graphs_train_as_eager_after_an_eager_forward(eager_forward_first):
+    """A bare CUDA-graphed training loop of a tiny SA model trained as eager on an H200 (torch 2.11, 2026-11-28) while
+    ``run_trial``'s graphed step failed; ``run_trial`` runs the eager model once (no_grad) before compiling, to measure
+    locality, as the throughput benchmark does to count FLOPs. Both cases side by side say whether that is the cause."""
+    model_cfg = TINY_SA.model_copy(update={"dropout": 0.0, "attention_dropout": 0.0})
+    torch.manual_seed(0)
+    model = build_model(model_cfg, image_size=8).cuda()
+    batches = [
+        (torch.randn(n, 3, 8, 8, device="cuda"), torch.randint(0, 10, (n,), device="cuda")) for n in (16, 8, 16, 8)
+    ]
+    losses = {}
+    for path in ("eager", "graphed"):
+        trained = copy.deepcopy(model)
+        if eager_forward_first:
+            with torch.no_grad():
+                trained(batches[0][0])
+        torch._dynamo.reset()
+        runner = torch.compile(trained, mode="reduce-overhead") if path == "graphed" else trained
+        optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
+        losses[path] = []
+        for images, labels in batches:
+            loss = F.cross_entropy(runner(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses[path].append(loss.item())
+    assert losses["graphed"] == pytest.approx(losses["eager"], rel=1e-3)
