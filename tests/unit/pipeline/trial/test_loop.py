@@ -539,11 +539,13 @@ def test_cuda_graphs_match_eager_on_cuda(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("eager_forward_first", [False, True])
-def test_cuda_graphs_train_as_eager_after_an_eager_forward(eager_forward_first):
+@pytest.mark.parametrize("like_run_trial", ["bare", "eager forward first", "warm-up without zero_grad"])
+def test_cuda_graphs_train_as_eager_like_run_trial(like_run_trial):
     """A bare CUDA-graphed training loop of a tiny SA model trained as eager on an H200 (torch 2.11, 2026-11-28) while
-    ``run_trial``'s graphed step failed; ``run_trial`` runs the eager model once (no_grad) before compiling, to measure
-    locality, as the throughput benchmark does to count FLOPs. Both cases side by side say whether that is the cause."""
+    ``run_trial``'s graphed step failed. Two things ``run_trial`` does that the loop did not: it runs the eager model
+    once (no_grad) before compiling, to measure locality (the throughput benchmark counts FLOPs so), and its warm-up
+    runs two backward passes (two batch sizes) without zeroing the gradients between them. One case each, beside
+    the bare loop, says which breaks the graphs."""
     model_cfg = TINY_SA.model_copy(update={"dropout": 0.0, "attention_dropout": 0.0})
     torch.manual_seed(0)
     model = build_model(model_cfg, image_size=8).cuda()
@@ -553,11 +555,15 @@ def test_cuda_graphs_train_as_eager_after_an_eager_forward(eager_forward_first):
     losses = {}
     for path in ("eager", "graphed"):
         trained = copy.deepcopy(model)
-        if eager_forward_first:
+        if like_run_trial == "eager forward first":
             with torch.no_grad():
                 trained(batches[0][0])
         torch._dynamo.reset()
         runner = torch.compile(trained, mode="reduce-overhead") if path == "graphed" else trained
+        if like_run_trial == "warm-up without zero_grad":
+            for images, labels in batches[:2]:
+                F.cross_entropy(runner(images), labels).backward()
+            trained.zero_grad(set_to_none=True)
         optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
         losses[path] = []
         for images, labels in batches:
