@@ -1,6 +1,7 @@
 """Our driver at a lab's scale: N short real trials through the tune stage's own path, and through bare Ray Tune.
 
     python -m benchmarks.sweep_at_scale [--trials 1000] [--sizes 100,300] [--epochs 5] [--concurrency 2] [--server]
+        [--checkpoint-interval-s S]
 
 N trials (``sweep.seeds`` 0..N-1 of one small variant, a few epochs of real training each) run twice per size, in
 one Ray session: through ``pipeline.sweep.run.run_sweep`` and the manifest, exactly what ``python -m stages.tune``
@@ -14,6 +15,10 @@ trial by method (our client's; through a server also every HTTP request the driv
 model logging included), the tracking server's CPU per trial (``--server``: a real ``mlflow server``; otherwise sqlite
 in the driver, counted in its CPU), the driver's peak RSS and the metric rows each trial's run holds; the last line is
 ``overhead: X % (ours), Y % (bare Ray Tune)`` at the largest size. Each size uses a fresh store and Ray folder.
+
+``--checkpoint-interval-s`` sets ``sweep.checkpoint_interval_s`` for both ways: at 0 (every epoch) each trial's
+second checkpoint makes Ray Tune snapshot the whole experiment, which grows Tune's own driver CPU per trial with the
+trial count; at more than a trial's length a trial checkpoints once, after its last epoch.
 """
 
 from __future__ import annotations
@@ -80,11 +85,21 @@ class Side:
         return self.wall_s / (self.trial_s / concurrency) - 1
 
 
-def scaled_params(base: Params, trials: int, epochs: int, concurrency: int, tracking_uri: str | None) -> Params:
-    """``base`` with one variant x ``trials`` seeds, ``epochs`` each, at ``concurrency``; system metrics off (a
-    sampling thread per trial is a cost of its own, measured by ``sweep_overhead``'s tests, not here)."""
+def scaled_params(
+    base: Params,
+    trials: int,
+    epochs: int,
+    concurrency: int,
+    tracking_uri: str | None,
+    checkpoint_interval_s: float | None = None,
+) -> Params:
+    """``base`` with one variant x ``trials`` seeds, ``epochs`` each, at ``concurrency`` (and its checkpoint interval,
+    unless given); system metrics off (a sampling thread per trial is a cost of its own, measured by
+    ``sweep_overhead``'s tests, not here)."""
     raw = base.model_dump(mode="json")
     raw["train"]["epochs"] = epochs
+    if checkpoint_interval_s is not None:
+        raw["sweep"]["checkpoint_interval_s"] = checkpoint_interval_s
     raw["sweep"].update(
         variants=[VARIANT], seeds=list(range(trials)), max_concurrent_trials=concurrency, ray_address=None, retrain=True
     )
@@ -235,7 +250,7 @@ def measure_size(args: argparse.Namespace, base: Params, data: PreparedData, tri
         else:
             database = root / "mlflow.db"
             uri = f"sqlite:///{database}"
-        params = scaled_params(base, trials, args.epochs, args.concurrency, uri)
+        params = scaled_params(base, trials, args.epochs, args.concurrency, uri, args.checkpoint_interval_s)
         progress(f"sweep_at_scale: {trials} trials through our driver ...")
         server_cpu = process_tree_cpu_s(server_pid) if server_pid else None
         ours, outcome = run_ours(params, data, root / "ours")
@@ -284,6 +299,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=positive_int, default=2, help="trials at once (default: %(default)s)")
     parser.add_argument("--server", action="store_true", help="track through a real mlflow server (its CPU counted)")
     parser.add_argument(
+        "--checkpoint-interval-s",
+        type=float,
+        metavar="S",
+        help="sweep.checkpoint_interval_s for both ways (default: the params file's); 0: a checkpoint every epoch",
+    )
+    parser.add_argument(
         "--lab-store",
         type=Path,
         metavar="DIR",
@@ -305,8 +326,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.base = load_params(args.params)
         if VARIANT not in args.base.variants:
             raise ValueError(f"{args.params}: no variant {VARIANT!r} to run at scale")
-        scaled_params(args.base, args.trials, args.epochs, args.concurrency, None)  # the scaled params validate
+        scaled = scaled_params(args.base, args.trials, args.epochs, args.concurrency, None, args.checkpoint_interval_s)
+        args.checkpoint_interval_s = scaled.sweep.checkpoint_interval_s  # validated (>= 0), or the file's
     return args
+
+
+def _interval(seconds: float) -> str:
+    return "epoch" if seconds == 0 else f"{seconds:g} s at most (and after the last epoch)"
 
 
 def _store(args: argparse.Namespace) -> str:
@@ -339,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             ray.shutdown()
     print(
         f"{VARIANT} x {args.epochs} epochs per trial, {args.concurrency} at a time, "
-        f"{_store(args)}; ideal = trial s / concurrency"
+        f"{_store(args)}; a checkpoint every {_interval(args.checkpoint_interval_s)}; ideal = trial s / concurrency"
     )
     print(text_table([row(s, args.concurrency) for s in sides], numeric=NUMERIC))
     for side in (s for s in sides if s.requests):

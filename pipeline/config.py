@@ -420,6 +420,11 @@ class SweepConfig(_Section):
     # Ray results (checkpoints to restore from): a path (relative paths resolve against the project root) or a
     # pyarrow file-system URI, e.g. s3://bucket/ray?endpoint_override=host:9000&scheme=http (credentials: environment).
     storage_path: Annotated[str, Field(min_length=1)] = "results/ray"
+    # Least seconds between a trial's checkpoints, taken at an epoch's end (its last epoch always has one); 0: every
+    # epoch. Past CheckpointConfig(num_to_keep=2), every second checkpoint of a trial makes Ray Tune snapshot the
+    # whole experiment, every trial in it, so with hundreds of short trials the driver's CPU per trial grows with their
+    # count (benchmarks.sweep_at_scale). A crash then costs a trial up to this much training more; a drain notice none.
+    checkpoint_interval_s: Annotated[float, Field(ge=0)] = 0.0
     # Tests only: each trial raises once, right after reporting this epoch, on its first attempt (not when resumed
     # from a checkpoint), to exercise retries. Part of the trial config and of its MLflow params, never a hidden switch.
     fail_once_after_epoch: PositiveInt | None = None

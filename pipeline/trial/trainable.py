@@ -3,8 +3,9 @@
 Kept apart from ``pipeline.sweep`` (the driver) so that a trial's worker imports only what training needs (torch,
 Ray Tune, the trainer) and not MLflow, the dataset sources or torchvision: a fresh worker starts training seconds
 sooner. Everything it imports from this project is trial code (``pipeline.sweep.identity.TRIAL_CODE``, tested).
-The trial reports every epoch with a checkpoint and resumes from Tune's checkpoint after a failure; on a node being
-drained it checkpoints mid-epoch and continues elsewhere from that batch (``pipeline.trial.preemption``).
+The trial reports every epoch, with a checkpoint at its end (at most every ``sweep.checkpoint_interval_s``, always
+after the last epoch), and resumes from Tune's checkpoint after a failure; on a node being drained it checkpoints
+mid-epoch and continues elsewhere from that batch (``pipeline.trial.preemption``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -81,11 +83,16 @@ def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, An
     where = {WHERE_KEY: {"ray.node_id": node, **device_tags(train_cfg), **gpu_tags(gpu_ids)}}
     fail_after = params.sweep.fail_once_after_epoch  # from the params, so the hook stays out of Tune's trial config
     checkpoint = tune.get_checkpoint()
+    saved_at = time.monotonic()  # the trial's start: a checkpoint comes sweep.checkpoint_interval_s after it
 
     def reporter(metrics: dict[str, float], checkpoint_dir: Path) -> None:
+        nonlocal saved_at
         eta = (train_cfg.epochs - metrics["epoch"]) * metrics["epoch_time_s"]  # for the progress table
         report = {**metrics, ETA_KEY: eta, **where}
-        tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+        due = time.monotonic() - saved_at >= params.sweep.checkpoint_interval_s or metrics["epoch"] >= train_cfg.epochs
+        tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)) if due else None)
+        if due:
+            saved_at = time.monotonic()
         if checkpoint is None and fail_after is not None and metrics["epoch"] == fail_after:
             raise InjectedFailure(f"sweep.fail_once_after_epoch={fail_after}: failing once after epoch {fail_after}")
 
