@@ -98,8 +98,9 @@ def build_tuner(
 ) -> tune.Tuner:
     """The Tuner of exactly the trial configs ``trials`` (each ``{"variant", "seed", ...}``: the sweep's trials that
     are not reused, or the prune stage's fine-tuning runs); restored from ``path`` when ``restore``."""
-    # Checkpointing every epoch with num_to_keep forces a state snapshot every few reports; each takes milliseconds
-    # here, but short epochs make Tune warn on every one. Only that warning is switched off (user's value wins).
+    # With num_to_keep, a trial's every second checkpoint forces a snapshot of the whole experiment (spaced out by
+    # sweep.checkpoint_interval_s); short epochs make Tune warn on every one. Only that warning is switched off (the
+    # user's value wins).
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     count_worker_deaths_as_failures()  # a worker the memory monitor kills costs its trial one attempt, not the sweep
     reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
