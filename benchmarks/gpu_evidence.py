@@ -250,7 +250,7 @@ def throughput(ev: Evidence) -> list[dict[str, Any]]:
     jobs = [(name, path) for name in order for path in cheap]
     if device.type == "cuda":  # CUDA graphs for the two goal models (the fix the first profile named), then compile
         jobs += [(name, "graphed") for name in order[:2]] + [(name, "compiled") for name in order]
-    rows = []
+    rows, failures = [], []
     for name, path in jobs:
         needs = 60.0 if path in ("compiled", "graphed") else 10.0
         if ev.left() < needs:
@@ -261,13 +261,14 @@ def throughput(ev: Evidence) -> list[dict[str, Any]]:
         try:
             row = measure(name, path, model_cfg, args, device, peak)
         except Exception as error:  # one path's failure (a diverged graphed step, H200) must not cost the others
-            rows.append({"model": name, "path": path, "failed": f"{type(error).__name__}: {error}"})
+            message = f"{type(error).__name__}: {error}"
+            failures.append(f"{name} / {path}: {message}")  # whole, in the section's note
+            rows.append({"model": name, "path": path, "failed": message.splitlines()[0]})  # one table cell
             continue
         if row is not None:
             rows.append({**asdict(row), "epoch_s": row.epoch_s, "projection_300_epochs_s": EPOCHS * row.epoch_s})
-    failed = [f"{r['model']} / {r['path']}: {r['failed']}" for r in rows if "failed" in r]
-    if failed:
-        raise SectionFailed(f"{len(failed)} path(s) failed: " + "; ".join(failed), rows)
+    if failures:
+        raise SectionFailed(f"{len(failures)} path(s) failed:\n" + "\n".join(failures), rows)
     return rows
 
 
