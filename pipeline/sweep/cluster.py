@@ -1,15 +1,10 @@
 """What a multi-node cluster must offer before a sweep starts, proved on every alive node before any MLflow run exists.
 
-- **Shared storage**: Ray keeps checkpoints under ``sweep.storage_path`` (a shared file system or a bucket) and,
-  since Ray 2.7, never copies them between nodes. A node that does not see that path fails its trials with "Unable
-  to set up cluster storage" (each failure burns one of ``sweep.max_failures``) and a retried trial cannot find its
-  checkpoint. The probe: the driver writes a marker, a tiny task pinned to each node reads it and writes its own,
-  the driver reads those back.
-- **The driver's trial code**: the same task hashes the trial code it imports there (shipped as the job's
-  ``working_dir``); a node importing another copy of the project would train something else.
-- **One tracking store**: an sqlite file lives on the driver's disk only; with workers elsewhere the runs belong in one
-  ``mlflow server`` every machine (and the analysis) can reach, unless the user insists
-  (``tracking.sqlite_on_cluster``).
+- **Shared storage**: Ray (since 2.7) never copies checkpoints between nodes, so every node must see
+  ``sweep.storage_path``; the probe: the driver writes a marker, a task pinned to each node reads it and writes its
+  own, the driver reads those back.
+- **The driver's trial code**: the same task hashes the trial code the node imports.
+- **One tracking store**: an sqlite file lives on the driver's disk only (``tracking.sqlite_on_cluster`` insists).
 """
 
 from __future__ import annotations

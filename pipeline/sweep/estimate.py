@@ -1,15 +1,10 @@
 """What one trial of each variant needs, estimated before anything starts: parameters and memory at the batch size.
 
-Values inside the config's bounds can still be far too big for the machine (``model.hidden: 60000`` at batch 100):
-the dry run prints the estimate and a local sweep refuses a trial that cannot fit in this machine's memory, naming the
-keys, instead of starting Ray and losing the trial to its memory monitor.
-
-The model is built on PyTorch's ``meta`` device (shapes only: nothing is allocated, whatever its size) and run
-forward there at two batch sizes, counting the tensors autograd keeps for the backward pass (what grows per image,
-and what is kept once per step); memory per trial is then weights + gradients + SGD momentum (3 x 4 bytes per
-parameter) + the kept activations at ``train.batch_size``. It leaves out the data on the device and the allocator's
-slack, and counts every tensor autograd keeps (some may share memory): an estimate to refuse what cannot fit, not a
-measurement (``benchmarks.train_throughput`` measures peaks).
+Values inside the config's bounds can still be far too big (``model.hidden: 60000``): the dry run prints the estimate
+and a local sweep refuses a trial that cannot fit in this machine's memory, naming the keys, before Ray's memory
+monitor kills it. The model runs forward on PyTorch's ``meta`` device (nothing allocated) at two batch sizes,
+counting what autograd keeps; memory = weights, gradients and momentum (3 x 4 bytes per parameter) + the kept
+activations at ``train.batch_size``. An estimate to refuse what cannot fit (``benchmarks.train_throughput`` measures).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """No orphans: the processes of a local Ray whose driver died without shutting it down are ended by the next run.
 
-A stage that starts a local Ray (``session.ray_session``) owns it: ``ray.init`` ties the GCS server and the raylet to
-the driver, but the raylet's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) outlive a SIGKILLed driver,
-and so may a raylet or worker caught mid-start. ``mark_session`` writes the driver's pid and start time into the
-session's own folder (``<Ray temp dir>/session_<...>/pipeline_driver.json``) right after Ray starts; every later run
-(``reap_dead_sessions``, before Ray is imported) looks at those marks: a session whose recorded driver is gone (no
-process with that pid and start time) has its processes ended (SIGTERM, then SIGKILL) and its mark removed.
-
-What is ended, and nothing else: processes of this user that belong to that session folder, found by the folder in
-their command line (gcs_server, raylet, dashboard) or among their open files (the agents and workers, which log
-there). A session without our mark (a ``ray start`` cluster, another program's Ray, the tests' shared Ray), a session
-whose driver lives, or another user's processes are never touched.
+``ray.init`` ties the GCS server and the raylet to the driver, but the raylet's agents (and a raylet or worker caught
+mid-start) outlive a SIGKILLed driver. ``mark_session`` writes the driver's pid and start time into the session's own
+folder; every later run (``reap_dead_sessions``, before Ray is imported) ends the processes of a session whose driver
+is gone: this user's, found by the session folder in their command line or among their open files. A session
+without our mark (``ray start``, another program's Ray, the tests'), or whose driver lives, is never touched.
 """
 
 from __future__ import annotations

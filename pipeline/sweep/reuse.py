@@ -1,16 +1,10 @@
 """Which trials of a sweep already exist: reuse a finished run, resume an unfinished one from its checkpoint, or train.
 
-Researchers grow sweeps step by step (a seed more, one more variant), and a trial's result depends only on its
-identity (``identity.trial_key``). So before Ray starts, the driver looks every trial's key up in the tracking store
-(the ``trial_key`` tag of its MLflow run):
-- a FINISHED run that trained all ``train.epochs`` and uploaded its checkpoint to MLflow is **reused**: not trained
-  again, listed in the manifest with its run (later stages download its checkpoint when the Ray copy is gone);
-- otherwise a run that stopped early (killed, failed, stopped by ASHA, left RUNNING by a killed driver) whose Ray
-  trial folder (``ray.trial_path``: a path, or a URI when ``sweep.storage_path`` is a bucket) still holds a checkpoint
-  that loads is **resumed**: the new trial starts from
-  that checkpoint and continues the same MLflow run, so there is one run per trial identity however many
-  ``dvc repro`` runs it took;
-- anything else **trains** from scratch (and ``sweep.retrain`` trains everything anew).
+Researchers grow sweeps step by step, and a trial's result depends only on its identity (``identity.trial_key``, the
+``trial_key`` tag of its MLflow run). A FINISHED run that trained all ``train.epochs`` and uploaded its checkpoint is
+**reused**; else a run that stopped early whose Ray trial folder (``ray.trial_path``) holds a checkpoint that loads is
+**resumed** in the same run (one run per identity however many ``dvc repro`` it took); anything else **trains**
+(``sweep.retrain``: everything).
 """
 
 from __future__ import annotations

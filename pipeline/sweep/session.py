@@ -1,20 +1,12 @@
 """Where the sweep's Ray runs: attach to a cluster, or start a local Ray kept on the loopback interface.
 
-On Linux Ray advertises the machine's routable address even for a local, single-node cluster: it rewrites
-``127.0.0.1`` (``_node_ip_address``) to that address, so all of its internal gRPC traffic (GCS, raylet, workers)
-leaves through the network interface. With ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` it uses the loopback address,
-as it does on macOS. Ray reads that variable once, when it is imported, so this must run before ``import ray``.
-It changes where Ray listens and connects, never a result. Only for a local Ray: a driver that attaches to a
-multi-node cluster has to advertise an address the other nodes can reach.
-
-Attaching to a cluster (``sweep.ray_address`` / ``RAY_ADDRESS``): ``prepare_driver_env`` sets, before Ray is
-imported, the loopback variable for a cluster on 127.0.0.1 (Ray otherwise rewrites the address and hangs) and
-``RAY_AUTH_MODE=token`` when a token is available (an explicit address never turns token auth on by itself: without
-it the driver retries ~20 s and fails with a bare ``ConnectionError``); ``check_attachable`` then asks the cluster's
-GCS for its nodes within seconds, before any MLflow run exists; ``ray_session`` ships this checkout's code to every
-node as the job's ``working_dir`` (``.gitignore`` and ``.rayignore`` are respected).
-
-This module imports Ray only inside functions: ``prepare_driver_env`` must run before Ray is imported.
+On Linux Ray advertises the machine's routable address even for a local cluster, so its internal gRPC traffic leaves
+through the network interface; ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read once when Ray is imported, keeps it on
+127.0.0.1 as on macOS (where Ray listens, never a result). Attaching (``sweep.ray_address`` / ``RAY_ADDRESS``):
+``prepare_driver_env`` sets, before Ray is imported, that variable for a cluster on 127.0.0.1 and
+``RAY_AUTH_MODE=token`` when a token is available (an explicit address never turns token auth on: Ray retries ~20 s
+and raises a bare ``ConnectionError``); ``check_attachable`` asks the cluster's GCS for its nodes within seconds;
+``ray_session`` ships this checkout as the job's ``working_dir``. Ray is imported only inside functions.
 """
 
 from __future__ import annotations

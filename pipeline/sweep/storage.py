@@ -1,23 +1,11 @@
 """Where the Ray results live: a local folder, or a bucket named by a pyarrow file-system URI.
 
-``sweep.storage_path`` is either a path (one machine, or a file system every node mounts at the same path) or a URI
-that ``pyarrow.fs.FileSystem.from_uri`` resolves, e.g. ``s3://bucket/ray`` (S3 or any S3-compatible store; its
-options go in the query: ``?endpoint_override=host:9000&scheme=http&region=...``), ``gs://bucket/ray``,
-``hdfs://namenode:8020/ray``, ``abfs://container@account.dfs.core.windows.net/ray``. Ray Tune writes trials'
-checkpoints there either way; the driver too reads and writes beside them (the parent run record, the plan,
-checkpoints to resume from or upload to MLflow, the cluster probe), so it goes through ``StoragePath``: plain
-``pathlib`` for a folder, the pyarrow file system for a URI. Credentials never go in the URI (it is recorded in
-MLflow and the manifests): they come from the environment of every node (``AWS_ACCESS_KEY_ID``, an instance role,
-``GOOGLE_APPLICATION_CREDENTIALS``...), as pyarrow and Ray expect.
-
-What an object store cannot do stays on the driver's disk (``driver_dir``): the MLflow outage buffer is appended to
-and fsync'd line by line, and checkpoints downloaded for pruning are a cache.
-
-Why pyarrow and not fsspec / universal_pathlib: Ray Tune opens ``sweep.storage_path`` with
-``pyarrow.fs.FileSystem.from_uri``, so the same call here reads exactly the locations Tune writes, options in the
-query included (``?endpoint_override=...``), which fsspec's S3 file system takes as separate ``storage_options``
-instead: a second reading of the same string, and s3fs / gcsfs as more dependencies, for a class that stays as
-short. Checkpoints are copied to this disk by Tune's own ``Checkpoint.to_directory`` / ``as_directory``.
+``sweep.storage_path`` is a path (one machine, or a file system every node mounts at the same path) or a URI that
+``pyarrow.fs.FileSystem.from_uri`` resolves (``s3://bucket/ray?endpoint_override=host:9000&scheme=http``,
+``gs://...``, ``hdfs://...``, ``abfs://...``): the call Ray Tune opens it with, so the driver reads exactly what Tune
+writes (why not fsspec: docs/design.md). Credentials come from every node's environment, never the URI (it is
+recorded in MLflow and the manifests). What an object store cannot do (the outage buffer, appended and fsync'd line
+by line) stays on the driver's disk (``driver_dir``).
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """The tune stage as a Ray job: submitted from a workstation that is no Ray node, outputs brought back for DVC.
 
-Why not ``ray job submit --working-dir . -- python -m stages.tune`` on its own: Ray's upload leaves out what
-``.gitignore`` lists, so the DVC-tracked prepared data is missing on the head; the job writes the manifest and metrics
-into Ray's temporary runtime folder on the head, never into the repository; and there is no ``.git`` there, so the
-commit is ``unknown``. Here, on the workstation:
-
-1. ``check_submittable`` refuses, before anything is uploaded, what cannot work from a job: a local sqlite store (the
-   job cannot write this machine's file), a relative ``sweep.storage_path`` (it would resolve inside the job's
-   temporary folder, which Ray deletes, so nothing could resume), data that has not been prepared.
-2. ``package_job`` zips what Ray would upload (files git does not ignore, minus ``.rayignore``) plus the prepared
-   data when it lies inside the project (a ``data.prepared_dir`` outside it must be on storage the head shares).
-3. The job runs ``python -m stages.tune --as-job ID --git-commit SHA``: the sweep, unchanged, attached to the cluster
-   it runs on; its parent run records the workstation's commit and the submission id, and the job logs the manifest
-   and metrics as artifacts of that run (``publish_outputs``), so the tracking server carries them back.
-4. ``follow_job`` streams the job's log until it ends (Ctrl-C stops the job with SIGINT, the stage's own Ctrl-C,
-   so Tune saves its state and the runs are closed); ``fetch_outputs`` writes the manifest and metrics into
-   ``results/tune``.
-
-The sweep's identity is the same as when run locally: it depends on the params and the data's content, never on
-where the data, the tracking server or the Ray results live.
+Why not ``ray job submit --working-dir . -- python -m stages.tune`` alone: Ray's upload leaves out what ``.gitignore``
+lists (the DVC-tracked prepared data), the job's outputs land in Ray's temporary folder on the head, and the head has
+no ``.git`` (commit ``unknown``). Here the workstation checks what a job cannot use (``check_submittable``), zips what
+Ray would upload plus the prepared data (``package_job``), submits ``python -m stages.tune --as-job ID --git-commit
+SHA`` and follows its log (Ctrl-C stops the job with SIGINT, the stage's own Ctrl-C); the job logs its manifest and
+metrics on its parent run (``publish_outputs``) and the workstation writes them into ``results/tune``
+(``fetch_outputs``). The sweep's identity is the same as run locally: it never depends on where things live.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """One tracked run: the sequence the tune and prune stages share, from the MLflow parent run to the last buffered write.
 
-``run_tracked`` does, for any stage that trains trials in Ray Tune and records them in MLflow:
-1. replay what earlier runs left in the outage buffer (reuse and restore read the runs' states);
-2. open the parent run (``tune-<hash>`` / ``prune-<hash>``), or continue the one an interrupted run recorded;
-3. decide per trial: reuse a finished run, resume an unfinished one, or train (``stage.decide``), unless a restored
-   run continues the decisions it started with;
-4. let the stage prepare what trains (``stage.trials``: the sweep's configs; prune evaluates and saves its models);
-5. fit the Tuner in a Ray session with the MLflow callback, then read one record per trial back; whatever stops it,
-   no run is left RUNNING (``close_interrupted``);
-6. when not interrupted: list the trials on the parent, let the stage add its own (``stage.wrap_up``: the sweep's
-   summary and registry; prune's links from each source run), end the parent;
-7. writes still buffered at the end (the server did not come back within ``FINAL_WAIT_S``) are counted in the outcome
-   (the stages exit 75) and, with a bucket as storage, parked beside the experiment for the next run on any machine.
-A stage keeps only what is its own (the sweep: grid, reuse, publish; prune: evaluate, cut, fine-tune) in a
-``TrackedStage``; both get exactly the same guarantees because they run this code.
+``run_tracked``: 1. replay what earlier runs left in the outage buffer (reuse and restore read the runs); 2. open the
+parent run (``tune-<hash>`` / ``prune-<hash>``) or continue an interrupted one; 3. decide per trial (reuse, resume,
+train: ``stage.decide``) unless a restore continues its decisions; 4. let the stage prepare what trains
+(``stage.trials``); 5. fit the Tuner with the MLflow callback and read one record per trial back, leaving no run
+RUNNING whatever stops it; 6. unless interrupted, list the trials on the parent, add the stage's own
+(``stage.wrap_up``) and end the parent; 7. count the writes still buffered (the stages exit 75) and, with a bucket as
+storage, park them beside the experiment. A stage keeps only what is its own in a ``TrackedStage``.
 """
 
 from __future__ import annotations

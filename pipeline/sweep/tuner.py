@@ -1,16 +1,10 @@
 """The Ray Tune side of a tracked run: the Tuner of exactly the trials that train, a trial's config, restoring.
 
-Why it is built this way:
-- Only ``ray.tune.*`` APIs: reporting through Ray Train inside a Tune function is a hard error in Ray 2.60.
-- A trial's config is ``{"variant", "seed", "resume_from", "resume_run"}`` (and the prune stage's ``init_from``):
-  small, and the seed is in ``param_space`` (reproducible); the progress table shows only variant and seed of it.
-  The validated params (as JSON) and the dataset go through the object store (``with_parameters``); the trainable
-  (``pipeline.trial.trainable``) rebuilds its typed config from them (``params.model_for(variant)``,
-  ``params.train_for(variant)`` with the seed) without reading any file. They cannot drift on restore: the
-  experiment name is their hash.
-- Every epoch reports with a checkpoint; a failed trial is retried from it (``FailureConfig``) and an interrupted run
-  is restored (``Tuner.restore``) because the experiment name is a hash of what it runs and ``storage_path`` is
-  absolute. Trials never use their working directory: Ray moves them into scratch directories.
+Only ``ray.tune.*`` APIs (reporting through Ray Train inside a Tune function is a hard error in Ray 2.60). A trial's
+config is small (``variant``, ``seed``, ``resume_from``, ``resume_run``; prune's ``init_from``); the validated params
+(as JSON) and the dataset go through the object store (``with_parameters``), and cannot drift on restore: the
+experiment name is their hash. A failed trial is retried from its last checkpoint (``FailureConfig``) and an
+interrupted run restored (``Tuner.restore``) from the absolute ``storage_path``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """A trial whose Ray worker dies at any moment of its life costs that trial one attempt, never the sweep.
 
-Ray Tune 2.60's actor manager (``ray.air.execution._internal.actor_manager.RayActorManager._actor_task_failed``)
-knows two ways a trial's task can fail: ``RayActorError`` (the worker died: the trial is retried, ``FailureConfig``)
-and ``RayTaskError`` (the trainable raised). Any other error ends the whole experiment with
-``RuntimeError: Caught unexpected exception``. Ray's memory monitor is the common case: the worker it kills fails the
-task it was running (``train``, ``save``, ``restore``, ``reset``) with ``OutOfMemoryError``, a ``RayError`` of neither
-kind. (Its report names the worker's lease, ``ImplicitFunc.__init__``, whatever the worker was doing; a kill while the
-actor is still being constructed fails its ``__ray_ready__`` instead, which Tune already counts as a failed attempt.)
-
-``count_worker_deaths_as_failures`` makes the manager treat such an error as the actor's death, which it is: Tune then
-cleans the actor up, counts one failure of the trial and retries it from its checkpoint, or marks it failed when its
-``max_failures`` are spent, as for any other failure. The original error stays in the message (the trial's
-``error.txt``, the stage's summary). Applied once per driver process, before the Tuner runs; it changes how a failure
-is handled, never a result.
+Ray Tune 2.60's actor manager (``RayActorManager._actor_task_failed``) retries a trial whose task failed with
+``RayActorError`` (the worker died) or ``RayTaskError`` (the trainable raised); any other error ends the whole
+experiment ("Caught unexpected exception"). Ray's memory monitor is the common case: the worker it kills fails its task
+with ``OutOfMemoryError``, neither kind. ``count_worker_deaths_as_failures`` makes the manager treat such an error as
+the actor's death, which it is: one failed attempt, retried from the checkpoint or failed when ``max_failures`` are
+spent; the original error stays in the message. Applied once per driver process; it never changes a result.
 """
 
 from __future__ import annotations

@@ -17,7 +17,4 @@
 - ``system_metrics`` MLflow's system metrics sampled in the trial's worker
 - ``ui``            the MLflow UI address of a sweep's trials
 - ``server``        a real ``mlflow server`` of our own (tests, benchmarks)
-
-The custom callback stays: Ray's ``MLflowLoggerCallback`` loses its trial -> run map on restore, logs at Tune's
-iteration instead of the trial's epoch, and has no parent run.
 """

@@ -1,31 +1,17 @@
 """MLflow writes that outlive a tracking-server outage: a write-ahead buffer on disk, replayed when the server answers.
 
-Why: the driver writes every run (``callback``). An http tracking server down for longer than the MLflow client's
-retry budget (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` x ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``: about four
-minutes by default) made every write raise, and the sweep died while its trials trained fine. Here:
+Why: a server down for longer than the MLflow client's retries (about four minutes) made every write raise and the
+sweep died while its trials trained fine. Here the writes use a short budget per request (``store.WRITE_BUDGET``), so
+a dead server fails the first write within seconds; a write that fails because the server cannot be reached is
+appended, fsync'd, to ``BUFFER_FILE`` (on the driver's disk: ``storage.driver_dir``), and every later write queues
+behind it, in order; a refused request (4xx) still raises. While the server is down a ``/health`` probe at most every
+``RETRY_EVERY_S`` decides when to replay. A write that was sent (its reply lost) skips on replay the epochs its run
+already has; a queued checkpoint upload takes the trial's newest checkpoint that loads (Tune keeps only two).
 
-- the writes go through a client with a short budget per request (``store.WRITE_BUDGET``: one retry, 10 s), not
-  the client's minutes of retries, so the first write to a dead server fails within a second and Tune's event loop,
-  and with it every trial's next report, never waits on it;
-- a write that fails because the server cannot be reached (connection refused or reset, a timeout, 5xx replies until
-  the retries ran out) is appended to ``BUFFER_FILE`` in the Ray experiment directory (on the driver's disk,
-  ``pipeline.sweep.storage.driver_dir``, when the storage is a bucket, where it is parked only when the stage ends
-  with writes still waiting), one JSON object a line, fsync'd, so a driver that dies keeps it; a request the server
-  refuses (4xx: a bad request) still raises;
-- every later write queues behind it, so a run's epochs stay before its termination; a write that was sent (and
-  may have reached the server before the reply was lost) skips on replay the epochs its run already has;
-- while the server is known down no write enters the client's retry loop: a short probe of ``/health`` at most every
-  ``RETRY_EVERY_S`` decides when to replay the file, in order;
-- a checkpoint upload that has to wait is recorded with its trial's folder; the replay uploads the newest checkpoint
-  of that trial that loads (Tune keeps only the last two, so the one named may be gone by then).
-
-With ``background`` (the sweep's callback) every write is made, in order, on one writer thread (``SerialWriter``),
-the outage handling above included: Tune's event loop only queues it. A new run too: the loop hands out a placeholder
-id (``buffered-<trial id>``) that the writes queued behind it name, mapped to the run once it is made (``RUNS_FILE``,
-so Tune's saved state may hold the placeholder). Measured before (py-spy, 60 trials): the loop waited about 0.1 s per
-trial on the store (a trial's run, its params, each epoch), during which no trial got its next report, so both trial
-slots stood idle. MLflow's own asynchronous logging (``log_batch(synchronous=False)``) is not used: it
-logs a failed batch and drops it, where an outage must queue it here.
+With ``background`` (the sweep's callback) every write is made on one writer thread (``SerialWriter``) and Tune's
+event loop only queues it (it had waited ~0.1 s per trial on the store, both trial slots idle); a run made there is
+named meanwhile by a placeholder id (``buffered-<trial id>``), mapped in ``RUNS_FILE`` so Tune's saved state may hold
+it. MLflow's own asynchronous logging is not used: it logs a failed batch and drops it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The driver-side Tune callback that writes every trial's MLflow run: one child run per trial, continued on retry and
-restore (why not Ray's ``MLflowLoggerCallback``: ``MlflowTrialCallback``'s docstring).
+restore.
 
 The driver writes everything, not the trials: one writer process, so a local sqlite store never sees concurrent
-first writers or ``set_experiment`` races, and trials need no tracking URI. The callback keeps the ``trial_id ->
-run_id`` map in Tune's own experiment state (``get_state``/``set_state``), so a retried trial (``FailureConfig``) and a
-restored sweep (``Tuner.restore``) continue the run they started; the parent run id is kept next to that state
-(``parent.PARENT_FILE``). It opens or continues the runs, and each Tune hook hands the rest to one collaborator:
-``epochs.EpochWrites`` (one ``log_batch`` per epoch at ``step=epoch``, each epoch once), ``trial_end.TrialEnds``
-(how it ended, checkpoint, final model and dataset) and ``failures.FailedAttempts`` (why attempts failed). Every
-write goes through the callback's ``TrackingBuffer``, which makes them in order on one writer thread (Tune's event
-loop only queues them; a run's creation is the one write the loop waits for, as it needs the run's id) and queues
-them on disk while the server is down, replayed when it answers. Runs left RUNNING by an interrupted driver are
-closed as KILLED by ``close_interrupted`` and reopened on restore.
+first writers, and trials need no tracking URI. The callback opens or continues the runs; each Tune hook hands the
+rest to ``epochs.EpochWrites``, ``trial_end.TrialEnds`` or ``failures.FailedAttempts``, and every write goes through
+its ``TrackingBuffer`` (one writer thread off Tune's event loop; on disk while the server is down). Runs left RUNNING
+by an interrupted driver are closed as KILLED (``close_interrupted``) and reopened on restore.
 """
 
 from __future__ import annotations
@@ -98,21 +92,15 @@ def close_interrupted(callback: MlflowTrialCallback, reason: str | None = None) 
 
 
 class MlflowTrialCallback(Callback):
-    """Driver-side Tune callback: one child run per trial, continued across retries and ``Tuner.restore``.
+    """One child run per trial, continued across retries and ``Tuner.restore``: the ``trial_id -> run_id`` map lives in
+    Tune's own experiment state (``get_state``/``set_state``), the parent's id beside it (``parent.PARENT_FILE``).
 
-    Why not Ray's ``MLflowLoggerCallback``: it opens top-level runs (a parent run for the sweep, with the sweep's
-    params and summary, is not its concept), keeps its trial -> run map in the driver's memory only, so a restored
-    sweep opens a second run for every trial instead of continuing its own, logs every reported key (Ray's
-    bookkeeping too) at Tune's iteration rather than the trial's epoch, so an epoch trained again after a restore is
-    logged twice, and logs no model or dataset (what this one does instead: the module docstring).
+    Why not Ray's ``MLflowLoggerCallback``: it has no parent run, keeps its trial -> run map in the driver's memory
+    only (a restored sweep opens a second run per trial), logs every reported key at Tune's iteration rather than the
+    trial's epoch (an epoch trained again after a restore is logged twice), and logs no model or dataset.
 
-    Writes go through ``buffer`` (in ``buffer_dir``, the Ray experiment directory): while the server is down a run
-    created meanwhile gets a placeholder id, ``on_step_end`` replays them once a probe finds the server back, and
-    reads fall back to what this driver knows (``read``, ``written``).
-
-    Tune pickles this object into ``tuner.pkl`` and restores ``get_state()`` from its experiment snapshots, so it
-    holds only plain data; the client is created lazily. ``run_info`` is a module-level function (picklable by
-    reference) that turns a trial's config into its run name, params and tags.
+    Tune pickles this object (``tuner.pkl``, its snapshots): it holds plain data only, its client is made lazily, and
+    ``run_info`` (a trial's config -> its run name, params and tags) is a module-level function.
     """
 
     def __init__(

@@ -1,13 +1,9 @@
 """A trial's final model as an MLflow model, and the prepared dataset as its run's input, logged by the driver.
 
-MLflow 3 keeps models beside runs (``LoggedModel``: the UI's Models column, the model registry's source) and names
-the data a run trained on in its inputs (the Dataset column), identified by a digest. Both are logged once, when the
-trial ends, from its last checkpoint in Tune's storage: trials never talk to MLflow. The model is pickled
-(``mlflow.pytorch``'s ``pickle`` format: about a second per model here; its ``pt2`` export took ~8 s per model), so
-loading it needs this project importable, as the checkpoint does. It carries its signature (the input and logits
-shapes) but no input example: with one, ``log_model`` loads the saved model back and predicts on it to validate
-serving, which at paper size cost the driver 0.74 s of CPU per trial (1.59 s against 0.85 s per model, a 92 MiB
-checkpoint), for an example of zeros.
+Both are logged once, when the trial ends, from its last checkpoint: trials never talk to MLflow. The model is pickled
+(``mlflow.pytorch``'s ``pickle`` format, ~1 s per model; ``pt2`` took ~8 s), so loading it needs this project
+importable. It carries its signature but no input example: with one, ``log_model`` loads the model back to predict,
+0.74 s of driver CPU per paper-size trial.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The MLflow store: every client built in one place, a fresh store created once, and the look-ups the driver makes.
 
-- ``mlflow_client(uri)`` is the only place the driver builds an ``MlflowClient``: what every request shares (a
-  retry budget, counting requests as ``CountingClient`` does for the benchmark) has one place to go.
-- A fresh sqlite store is created (its schema migrated) by one process at a time (``prepare_store``): two processes
-  migrating at once (two projects sharing one store) crash.
-- The searches the driver makes before and after a run (runs by trial identity, a parent's children) are here, so the
-  requests a plan costs are counted in one module.
-- ``is_outage`` tells a server that cannot be reached from a request it refused; ``server_answers`` probes one in
-  seconds (the client's own retries take minutes).
-- ``mlflow_client(uri, short_budget=True)``: the client of the sweep's own writes (the callback, the outage
-  buffer). MLflow's retry budget (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` 7 x backoff 2 s, 120 s timeout: about four
-  minutes on a dead server) is set only through process-wide variables; a write in that loop blocks Tune's event
-  loop, and with it every trial's next report. This client gives each request ``WRITE_BUDGET`` instead, so the first
-  write that meets a dead server fails within seconds and the outage buffer takes over; a slow or busy server costs
-  at most a buffered write, replayed later (never lost, never logged twice).
+``mlflow_client(uri)`` is the only place the driver builds an ``MlflowClient``, so what every request shares (the
+sweep's short retry budget, ``ShortBudgetRestStore``; the benchmark's request counts) has one place. The searches the
+driver makes before and after a run (runs by trial identity, a parent's children) are here too, so the requests a
+plan costs are counted in one module. ``is_outage`` tells a server that cannot be reached from a request it refused.
 """
 
 from __future__ import annotations
@@ -81,7 +71,8 @@ def mlflow_client(uri: str, *, short_budget: bool = False) -> MlflowClient:
 
 class ShortBudgetRestStore(RestStore):
     """MLflow's REST store with ``WRITE_BUDGET`` per request: ``RestStore._call_endpoint`` as MLflow 3 has it, its
-    ``http_request`` given the retry budget and timeout that ``call_endpoint`` only takes from the environment."""
+    ``http_request`` given the budget that MLflow otherwise takes only from process-wide variables (about four minutes
+    on a dead server, during which a write would hold Tune's event loop)."""
 
     def _call_endpoint(
         self,

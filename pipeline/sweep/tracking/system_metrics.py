@@ -1,16 +1,11 @@
 """System metrics of every trial's run (CPU, memory, disk, network; GPU with ``nvidia-ml-py``), sampled in the trial.
 
-The driver writes everything else of a run, but MLflow samples system metrics only in the process it runs in: a
-Ray worker's CPU and GPU are not the driver's. So the sweep's trainable is wrapped (``train_with_system_metrics``)
-to start MLflow's own ``SystemMetricsMonitor`` beside the training, in the worker, on the run the driver's callback
-opened for this trial (found by its ``ray.trial_id`` tag; the callback creates it as the trial starts). The monitor
-logs ``system/cpu_utilization_percentage``, ``system/system_memory_usage_megabytes``, ``system/gpu_*`` ... every
-``SAMPLES_PER_LOG`` samples; the run gets its hardware as tags (``host.*``, ``torch.*``). The trial code is
-unchanged (a trial's identity hashes it); nothing here touches a result. Best effort: a store the worker cannot
-reach, or a run not found in time, costs a warning, never the trial, and the trial's end waits at most ``STOP_S``
-for these writes (they are not in the driver's outage buffer: a server that is down loses them). The worker writes
-to the store directly, so ``tracking.uri`` (an http server, or the local sqlite store on a single machine) must be
-reachable from the nodes, as for the checkpoints.
+MLflow samples system metrics only in the process it runs in, and a Ray worker's CPU and GPU are not the driver's: the
+sweep's trainable is wrapped (``train_with_system_metrics``) to run MLflow's ``SystemMetricsMonitor`` in the worker, on
+the run the driver's callback opened for the trial (found by its ``ray.trial_id`` tag), with the hardware as tags
+(``host.*``, ``torch.*``). Best effort, outside the outage buffer: a store the worker cannot reach costs a warning,
+never the trial, whose end waits at most ``STOP_S`` for these writes. The trial code is unchanged (its identity
+hashes it); ``tracking.uri`` must be reachable from the nodes, as for the checkpoints.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """A trial's end-of-run MLflow work (how it ended, checkpoint upload, final model, run closed), on the buffer's writer.
 
-Why: the driver's Tune callback runs on Tune's event loop. At paper size a trial's end reads a 92 MiB checkpoint,
-uploads it, rebuilds the model and logs it: seconds per trial during which Tune starts no trial and handles no
-report. Handed to the callback's writer thread (``TrackingBuffer.serially``), behind the run's epochs, the callback
-returns at once and the next trial starts while the model is logged; one thread, since ``log_model`` uses the
-process's global tracking URI and a local sqlite store wants one writer at a time. An error it raises is raised in
-the driver (``TrackingBuffer.settle``, ``stop_writer``), not lost in the thread.
-
-While the server answers, the checkpoint is read once (verified, then rebuilt into the model from the same payload)
-and uploaded with the run's end tags in one request; when it stops answering, or was down already, what is left goes
-to the outage buffer in order (the tags, the upload, the run's end), replayed when it answers.
+Why: at paper size a trial's end reads a 92 MiB checkpoint, uploads it and logs the model: seconds during which Tune's
+event loop would start no trial. On the callback's writer thread (``TrackingBuffer.serially``), behind the run's
+epochs, the next trial starts meanwhile; its errors are raised in the driver (``settle``, ``stop_writer``). The
+checkpoint is read once (verified, then rebuilt into the model) and uploaded with the end tags in one request; with
+the server down, what is left goes to the outage buffer in order.
 """
 
 from __future__ import annotations

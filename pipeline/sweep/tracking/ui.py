@@ -1,15 +1,10 @@
 """The MLflow UI address of a sweep: its trials' runs in the model-training view, best ``test_acc`` first.
 
-MLflow 3.17's UI reads the runs table's state from the URL's query (``searchFilter``, ``orderByKey``, ``orderByAsc``)
-and which of its two modes to show from ``workflowType`` (``machine_learning``; ``genai`` opens traces and
-evaluations). The filter names the sweep's runs by id: a sweep that reused finished runs lists runs whose parent is an
-earlier sweep, which a filter on the parent would miss.
-
-Which columns show is not in those parameters (the UI keeps it in the browser), but a *shared view* carries it: the
-UI's own Share button stores the filter, the sort and the columns as the experiment tag
-``mlflow.sharedViewState.<key>`` and opens it from ``?viewStateShareKey=<key>`` (checked in MLflow 3.17.2's UI code
-and in headless Chromium). ``save_shared_view`` writes that tag for the sweep, so its address opens with the
-``test_acc`` column in the table.
+MLflow 3.17's UI reads the runs table's filter and sort from the URL's query and its mode from ``workflowType``
+(``machine_learning``, not ``genai``). The filter names the sweep's runs by id (reused runs have an earlier sweep as
+parent). The columns are not in the URL, but a *shared view* holds them: the UI's Share button stores it as the
+experiment tag ``mlflow.sharedViewState.<key>`` opened by ``?viewStateShareKey=<key>`` (checked in MLflow 3.17.2's UI
+code and in headless Chromium); ``save_shared_view`` writes it, so the sweep opens with its ``test_acc`` column.
 """
 
 from __future__ import annotations
