@@ -104,56 +104,43 @@ def read_tune_manifest(path: Path, project_root: Path) -> TuneManifest:
     return read_manifest(path, TuneManifest, "trials", TrialRecord, STAGE, project_root)
 
 
-def portable_path(path: str | None, project_root: Path) -> str | None:
-    """``path`` relative to ``project_root`` (POSIX form) when it lies inside it, else as given (a URI too)."""
-    if not path or "://" in path or not Path(path).is_absolute():
-        return path
-    absolute, root = Path(path).resolve(), project_root.resolve()
-    return absolute.relative_to(root).as_posix() if absolute.is_relative_to(root) else path
+SQLITE = "sqlite:///"
 
 
-def resolved_path(path: str | None, project_root: Path) -> str | None:
-    """A manifest's path as an absolute one: a relative path lies in ``project_root``; a URI (a bucket) as it is."""
-    return str(project_root.resolve() / path) if path and "://" not in path and not Path(path).is_absolute() else path
+def portable(value: str | None, project_root: Path) -> str | None:
+    """A path, or an sqlite store's URI, inside ``project_root`` made relative to it (POSIX form); anything else (a
+    path outside it, a bucket, a server) as given."""
+    if value and value.startswith(SQLITE):
+        return SQLITE + str(portable(value.removeprefix(SQLITE), project_root))
+    if not value or "://" in value or not Path(value).is_absolute():
+        return value
+    absolute, root = Path(value).resolve(), project_root.resolve()
+    return absolute.relative_to(root).as_posix() if absolute.is_relative_to(root) else value
 
 
-def portable_uri(uri: str, project_root: Path) -> str:
-    """An sqlite store inside the project as ``sqlite:///<relative path>``; any other store as given."""
-    if not uri.startswith("sqlite:///"):
-        return uri
-    return f"sqlite:///{portable_path(uri.removeprefix('sqlite:///'), project_root)}"
+def resolved(value: str | None, project_root: Path) -> str | None:
+    """A manifest's path, or sqlite store's URI, made absolute: a relative one lies in ``project_root`` (not the
+    cwd); anything else as given."""
+    if value and value.startswith(SQLITE):
+        return SQLITE + str(resolved(value.removeprefix(SQLITE), project_root))
+    relative = value and "://" not in value and not Path(value).is_absolute()
+    return str(project_root.resolve() / value) if relative else value
 
 
-def resolved_uri(uri: str, project_root: Path) -> str:
-    """A manifest's tracking URI with a relative sqlite path resolved against ``project_root`` (not the cwd)."""
-    if not uri.startswith("sqlite:///"):
-        return uri
-    return f"sqlite:///{resolved_path(uri.removeprefix('sqlite:///'), project_root)}"
-
-
-def _convert(raw: dict[str, Any], cls: type, items: str, item_cls: type, path: Any, uri: Any) -> dict[str, Any]:
-    """``raw`` (a manifest as JSON) with ``path`` applied to its path fields and ``uri`` to its tracking URI."""
+def _convert(raw: dict[str, Any], cls: type, items: str, item_cls: type, convert: Any) -> dict[str, Any]:
+    """``raw`` (a manifest as JSON) with ``convert`` applied to its path fields and its tracking URI."""
 
     def paths(record: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-        return {**record, **{name: path(record[name]) for name in names if name in record}}
+        return {**record, **{name: convert(record[name]) for name in names if name in record}}
 
-    converted = paths(raw, cls.PATHS)
-    if "tracking_uri" in raw:
-        converted["tracking_uri"] = uri(raw["tracking_uri"])
+    converted = paths(raw, (*cls.PATHS, "tracking_uri"))
     converted[items] = [paths(record, item_cls.PATHS) for record in raw[items]]
     return converted
 
 
 def write_manifest(path: Path, manifest: Any, items: str, item_cls: type, project_root: Path) -> None:
     """Write a stage's manifest atomically with its paths and sqlite store made relative to ``project_root``."""
-    converted = _convert(
-        manifest.to_json(),
-        type(manifest),
-        items,
-        item_cls,
-        lambda p: portable_path(p, project_root),
-        lambda u: portable_uri(u, project_root),
-    )
+    converted = _convert(manifest.to_json(), type(manifest), items, item_cls, lambda v: portable(v, project_root))
     write_json_atomic(path, converted)
 
 
@@ -166,14 +153,7 @@ def read_manifest(path: Path, cls: type[M], items: str, item_cls: type, stage: s
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no {stage} manifest; {hint}")
     try:
-        raw = _convert(
-            json.loads(path.read_text()),
-            cls,
-            items,
-            item_cls,
-            lambda p: resolved_path(p, project_root),
-            lambda u: resolved_uri(u, project_root),
-        )
+        raw = _convert(json.loads(path.read_text()), cls, items, item_cls, lambda v: resolved(v, project_root))
         records = [item_cls(**_known(item_cls, item)) for item in raw[items]]
         return cls(**{**_known(cls, raw), items: records})
     except (json.JSONDecodeError, KeyError, TypeError) as err:

@@ -11,7 +11,6 @@ by line) stays on the driver's disk (``driver_dir``).
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,22 +105,19 @@ class StoragePath:
         relative = PurePosixPath(fs_path).relative_to(self.fs_path)
         return self / str(relative) if str(relative) != "." else self
 
+    def _type(self) -> pafs.FileType:
+        return self.filesystem.get_file_info(self.fs_path).type
+
     def is_file(self) -> bool:
-        if not self.remote:
-            return Path(self.text).is_file()
-        return self.filesystem.get_file_info(self.fs_path).type == pafs.FileType.File
+        return self._type() == pafs.FileType.File
 
     def is_dir(self) -> bool:
-        if not self.remote:
-            return Path(self.text).is_dir()
-        return self.filesystem.get_file_info(self.fs_path).type == pafs.FileType.Directory
+        return self._type() == pafs.FileType.Directory
 
     def read_text(self) -> str:
         return self.read_bytes().decode()
 
     def read_bytes(self) -> bytes:
-        if not self.remote:
-            return Path(self.text).read_bytes()
         with self.filesystem.open_input_stream(self.fs_path) as stream:
             return stream.readall()
 
@@ -137,22 +133,14 @@ class StoragePath:
 
     def delete(self) -> None:
         """Remove this file (nothing when it does not exist)."""
-        if not self.remote:
-            Path(self.text).unlink(missing_ok=True)
-        elif self.is_file():
+        if self.is_file():
             self.filesystem.delete_file(self.fs_path)
 
     def mkdir(self) -> None:
-        if not self.remote:
-            Path(self.text).mkdir(parents=True, exist_ok=True)
-        else:
-            self.filesystem.create_dir(self.fs_path)
+        self.filesystem.create_dir(self.fs_path)
 
     def subdirs(self, prefix: str = "") -> list[StoragePath]:
         """The folders directly under this one whose name starts with ``prefix``, by name."""
-        if not self.remote:
-            found = [p for p in Path(self.text).glob(f"{prefix}*") if p.is_dir()] if self.is_dir() else []
-            return [StoragePath(p) for p in sorted(found)]
         listed = self.filesystem.get_file_info(pafs.FileSelector(self.fs_path, allow_not_found=True))
         names = sorted(i.base_name for i in listed if i.type == pafs.FileType.Directory)
         return [self / name for name in names if name.startswith(prefix)]
@@ -176,9 +164,6 @@ class StoragePath:
 
     def upload(self, local: Path) -> None:
         """The local folder ``local`` copied to this location (which it becomes)."""
-        if not self.remote:
-            shutil.copytree(local, self.text, dirs_exist_ok=True)
-            return
         self.filesystem.create_dir(self.fs_path)
         pafs.copy_files(
             str(local), self.fs_path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.filesystem

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psutil
 from mlflow.entities import Run, RunTag
 
 from pipeline.sweep.reuse import REUSE, TrialDecision
@@ -89,16 +90,6 @@ def key_tags(keys: set[str] | frozenset[str]) -> dict[str, str]:
     ordered = sorted(keys)
     chunks = [ordered[i : i + KEYS_PER_TAG] for i in range(0, max(len(ordered), 1), KEYS_PER_TAG)]
     return {f"{KEYS_TAG}.{i}": ",".join(chunk) for i, chunk in enumerate(chunks)}
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 class TrialClaims:
@@ -241,7 +232,7 @@ class TrialClaims:
         return [c for c in self._others() if c.training or c.order < mine]
 
     def _dead(self, claim: Claim) -> bool:
-        if claim.host == self.host and claim.pid and not process_alive(claim.pid):
+        if claim.host == self.host and claim.pid and not psutil.pid_exists(claim.pid):
             return True
         return time.time() * 1000 - claim.heartbeat_ms > self.timeout_s * 1000
 
