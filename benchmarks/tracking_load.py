@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tracking load: {args.trials} trials x {args.epochs} epochs, {args.concurrent} at a time, one mlflow server")
     print(f"requests: {requests} ({', '.join(f'{name} {n}' for name, n in sorted(calls.items()))})")
     print(f"sustained writes/s: {requests / wall:.1f} ({requests} requests in {wall:.1f} s wall)")
-    print(f"epochs logged/s: {callback.epochs_logged / wall:.1f} ({callback.epochs_logged} epochs)")
-    print(f"driver CPU: {cpu:.1f} s ({cpu / max(callback.epochs_logged, 1) * 1000:.1f} ms per epoch)")
+    print(f"epochs logged/s: {callback.epoch_writes.count / wall:.1f} ({callback.epoch_writes.count} epochs)")
+    print(f"driver CPU: {cpu:.1f} s ({cpu / max(callback.epoch_writes.count, 1) * 1000:.1f} ms per epoch)")
     print(f"writes the server did not take in time: {callback.buffer.appended} (buffered, then replayed)")
     if problems:
         print(f"LOST OR DUPLICATED: {len(problems)} problem(s)")

@@ -1,10 +1,8 @@
-"""The prune stage's manifest: its schema, writer and reader.
+"""The prune stage's manifest: its schema, writer and reader (no Ray, no MLflow: every stage can read it).
 
-``results/prune/manifest.json`` is the prune stage's DVC output and the analysis stage's input: per pruned model, the
-run it came from (``source_run_id``), its fine-tuning run (``run_id``, a child of the ``prune-<hash>`` parent run),
-which heads were cut and why (``decisions``), what that saved (params and FLOPs before and after, both FLOP
-conventions) and what it cost (test accuracy before pruning, right after pruning, after fine-tuning). Imports neither
-Ray nor MLflow, so every stage can read it.
+``results/prune/manifest.json``, the analysis stage's input: per pruned model, the run it came from, its fine-tuning
+run (a child of the ``prune-<hash>`` parent), which heads were cut and why, what that saved (params and FLOPs, both
+conventions) and what it cost (test accuracy before pruning, right after, after fine-tuning).
 """
 
 from __future__ import annotations
@@ -70,10 +68,8 @@ class PruneManifest:
     PATHS: ClassVar[tuple[str, ...]] = ("ray_experiment_path",)
 
     def metrics_summary(self) -> dict[str, dict[str, float]]:
-        """Per pruned variant (``<variant>_pruned``), the stage's ``metrics.json`` (``test_acc`` alone, its
-        ``test_acc.json``, is what DVC compares): test accuracy right after pruning and
-        after fine-tuning, averaged over seeds. Only what this stage measures: the accuracy before pruning is the
-        tune stage's ``test_acc``, params and FLOPs are the analyze stage's."""
+        """Per pruned variant (``<variant>_pruned``), the stage's ``metrics.json``: test accuracy right after pruning
+        and after fine-tuning (``test_acc``, what DVC compares), averaged over seeds; only what this stage measures."""
         per_variant: dict[str, list[PrunedModel]] = {}
         for model in self.models:
             if model.acc_after_finetune is not None:

@@ -1,10 +1,8 @@
 """Which trained models the prune stage prunes, which of their heads go, and what that saves: decided before Ray starts.
 
-Reads the tune manifest, refuses a stale one (it names another sweep than the current params, trial code and data
-give) and one whose runs or checkpoints are gone, selects the finished trials of ``prune.variants``, and for each
-loads its last checkpoint, applies the pruning rule (``pipeline.models.pruning``) and counts parameters and FLOPs
-before and after. ``--dry-run`` prints this plan; the stage then evaluates and saves each pruned model and fine-tunes
-it (``pipeline.prune.run``).
+Refuses a stale tune manifest (another sweep than the current params, code and data give) and one whose checkpoints
+are gone; for each finished trial of ``prune.variants`` loads its last checkpoint, applies the pruning rule
+(``pipeline.models.pruning``) and counts parameters and FLOPs before and after. ``--dry-run`` prints this plan.
 """
 
 from __future__ import annotations
@@ -83,10 +81,9 @@ def select_sources(params: Params, manifest: TuneManifest) -> tuple[list[TrialRe
 def local_sources(
     sources: list[TrialRecord], tracking_uri: str, cache_dir: Path, manifest_path: Path
 ) -> list[TrialRecord]:
-    """The sources with a checkpoint on this disk: the Ray copy (``sweep.storage_path``; from a bucket, downloaded
-    into ``cache_dir/<run id>``) where it still exists, else the run's ``checkpoint`` artifact downloaded through
-    MLflow into ``cache_dir/<run id>`` (a reused run from an earlier sweep whose Ray results were deleted, or another
-    machine's run); refused before any expensive work when neither exists."""
+    """The sources with a checkpoint on this disk: the Ray copy where it still exists (from a bucket, downloaded into
+    ``cache_dir/<run id>``), else the run's ``checkpoint`` artifact downloaded through MLflow into the same folder;
+    refused before any expensive work when neither exists."""
     local = []
     for trial in sources:
         stored = StoragePath(trial.checkpoint_dir) if trial.checkpoint_dir else None

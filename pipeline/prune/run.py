@@ -1,10 +1,9 @@
 """Prune and fine-tune: each planned model is evaluated right after pruning, saved, and fine-tuned as a Ray Tune trial.
 
-Fine-tuning is ``pipeline.sweep.finetune``'s, shared with the transform stage. Each pruned model's run starts at
-step 0 with the accuracy right after pruning, so the MLflow UI shows the dip and the recovery on one chart (the paper's
-Fig. 8), and carries the per-head decisions as a JSON artifact. What is the prune stage's own: its identity per pruned
-model (``prune_key``), evaluating each model right after pruning, its run's description, registering the best pruned
-models.
+Fine-tuning is ``pipeline.sweep.finetune``'s. Each pruned model's run starts at step 0 with the accuracy right after
+pruning, so the MLflow UI shows the dip and the recovery on one chart (the paper's Fig. 8), and carries the per-head
+decisions as a JSON artifact. The prune stage's own: its identity per pruned model (``prune_key``), the evaluation
+right after pruning, its run's description, registering the best pruned models.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """A Ray trial folder's checkpoints, in a local folder or a bucket: the newest one that loads.
 
-Tune keeps the last ``num_to_keep`` checkpoints of a trial (``checkpoint_000003`` ...); a crash or a full disk can
-leave the newest truncated. A resume from an earlier sweep (``reuse``) and a checkpoint upload replayed after a
-tracking outage (``tracking.buffer``) both take the newest one that loads, skipping, with a warning naming the file,
-one that does not.
+A crash or a full disk can leave a trial's newest checkpoint truncated: a resume from an earlier sweep and a
+checkpoint upload replayed after a tracking outage take the newest one that loads, warning about one that does not.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Fine-tuning models built from the tune stage's runs: what the prune and transform stages share.
 
-Both build a model from each of some finished trials of the sweep (prune: heads cut; transform: Theorem 1's attention
-rebuild), save it where every node reads it and fine-tune it through ``run_tracked``: the sweep's guarantees (the
-trainable started from those weights, ``init_from``; retries, restore, the outage buffer). One MLflow child run per
-model under a ``<stage>-<hash>`` parent run; its step 0 is what the model measured before fine-tuning. A model's
-identity is its source trial's and the stage's config: a finished fine-tuning run of it is reused, one unfinished
-resumed. Each stage's own: that config, what is done to a model before it is saved, its run's description, its
-manifest entry.
+Both build a model from some finished trials of the sweep (prune: heads cut; transform: Theorem 1's rebuild), save it
+where every node reads it and fine-tune it through ``run_tracked`` (``init_from``), with the sweep's guarantees: one
+child run per model under a ``<stage>-<hash>`` parent, whose step 0 is what the model measured before fine-tuning; a
+model's identity is its source trial's and the stage's config (a finished run of it is reused, an unfinished one
+resumed). Each stage gives its config, what it does to a model, its run's description and its manifest entry.
 """
 
 from __future__ import annotations

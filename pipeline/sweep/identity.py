@@ -1,17 +1,11 @@
 """What names a trial and a sweep: the trial code, the params their results depend on and the prepared data, hashed.
 
 A trial's identity (``trial_key``) is exactly what determines its result: the variant's model config, its train
-config (``Params.train_for``: the variant's own train fields applied) with the trial's seed, the prepared data's
-content hash and the trial code's hash. Not where it runs, how many run at once or which other trials share its sweep:
-a grown sweep (a seed more, a variant more) finds its existing trials by this key in the tracking store and reuses
-them (``pipeline.sweep.reuse``).
-
-``TRIAL_CODE`` (declared in ``pipeline.trial.code_version``, so a trial can hash its own code without importing the
-driver) is the one declaration of the code that runs inside a Ray trial and so may change a trained result:
-the sweep's identity hashes exactly these files, and the tune stage's code ``deps`` in ``dvc.yaml`` are exactly
-these paths (a test keeps the two equal, and checks that everything the trainable imports lies inside them). Driver
-code (tracking, planning, manifests), measuring code, the analysis and the benchmarks are outside it: editing them
-never makes the next ``dvc repro`` retrain a sweep.
+config with the trial's seed, the prepared data's content hash and the trial code's hash; not where it runs or which
+other trials share its sweep, so a grown sweep finds its existing trials by this key (``pipeline.sweep.reuse``).
+``TRIAL_CODE`` (``pipeline.trial.code_version``) declares the code that runs inside a Ray trial: the sweep's identity
+hashes exactly these files and the tune stage's code ``deps`` in ``dvc.yaml`` are exactly these paths (a test keeps
+them equal). Editing driver, measuring or analysis code never makes the next ``dvc repro`` retrain a sweep.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Where a project's side-effect stores live, and keeping a copied or moved project's default store its own.
 
 The stores (the default MLflow sqlite store and its ``mlartifacts/``, a relative ``sweep.storage_path``, the stage
-locks) outlive a run; the DVC outputs (manifests, metrics) are collected by DVC from the workspace. The two differ
-for ``dvc exp run --queue`` and ``--temp``: DVC runs those in a temporary copy under ``.dvc/tmp/exps/`` and deletes
-it afterwards, so stores resolved there would be lost with it. Imports neither Ray nor MLflow.
+locks) outlive a run, while DVC collects the outputs from the workspace; ``dvc exp run --queue`` / ``--temp`` run in a
+temporary copy that DVC deletes, so the stores resolve against the repository (``store_root``). No Ray, no MLflow.
 """
 
 from __future__ import annotations
@@ -29,13 +28,8 @@ ARTIFACT_COLUMNS = (
 
 
 def store_root(workspace: Path) -> Path:
-    """The folder the stores resolve against: the DVC repository the stage runs for, else ``workspace``.
-
-    DVC sets ``DVC_ROOT`` for every stage it runs: the repository itself for ``dvc repro``, the *parent* repository
-    for a queued or ``--temp`` experiment (whose workspace under ``.dvc/tmp/exps/`` is deleted afterwards). Resolving
-    the stores against it keeps those experiments' runs and checkpoints in the project's real store; the DVC outputs
-    stay in the workspace, where DVC collects them. Outside DVC (``python -m stages.tune``) it is the workspace.
-    """
+    """The folder the stores resolve against: ``DVC_ROOT``, which DVC sets for every stage it runs (the *parent*
+    repository for a queued or ``--temp`` experiment, whose workspace is deleted afterwards), else ``workspace``."""
     workspace = workspace.resolve()
     dvc_root = os.environ.get("DVC_ROOT")
     root = Path(dvc_root).resolve() if dvc_root else workspace
@@ -65,12 +59,8 @@ def adopt_default_store(uri: str, configured: str | None, project_root: Path) ->
 
 def adopt_artifact_root(database: Path, artifacts: Path) -> int:
     """Point the artifact locations in the sqlite store ``database`` that name another folder's ``mlartifacts`` at
-    ``artifacts`` (this project's), in one transaction; returns the number of rows changed.
-
-    MLflow stores absolute artifact locations (experiment roots, run, logged model and model version locations) and
-    has no API to move them, so a copied project (``cp -a proj proj2``) would write its checkpoints into the
-    original's folder and a moved one would find none of its artifacts. Only for the default project-local store,
-    whose ``mlartifacts`` always lies beside it; a store the user named is never touched.
+    ``artifacts`` (this project's), in one transaction; the rows changed. MLflow stores absolute locations and has no
+    API to move them: a copied project would write into the original's folder, a moved one find none of its artifacts.
     """
     new = artifacts.resolve().as_uri()
     with closing(sqlite3.connect(database, timeout=20, isolation_level=None)) as db:

@@ -1,10 +1,8 @@
 """One running instance of a stage per project: a second one started beside it (two terminals, outside DVC's own
 lock) refuses at once, naming the running one, instead of mixing its trials into the first one's runs and manifest.
 
-The lock is ``filelock``'s OS lock (``flock``) on a file in the project's ``results/``: the OS releases it when the
-holding process ends, however it ends (SIGKILL included), so there is never a stale lock to delete by hand. The file
-keeps the holder's pid and start time for the refusal message (written through the lock's own descriptor once it is
-held; a process that fails to get the lock never truncates it).
+``filelock``'s OS lock on a file in ``results/``: the OS releases it when the holder ends, however it ends, so there
+is never a stale lock to delete by hand. The file keeps the holder's pid and start time for the refusal message.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The tune stage's manifest: its schema, writer and reader, and the statuses a trial can end in.
 
-``results/tune/manifest.json`` is the tune stage's DVC output and the prune and analysis stages' input: it names the
-MLflow runs of the sweep (tracking URI, experiment, parent run, one run per trial) and each trial's last checkpoint.
-Later stages read it through ``read_tune_manifest`` and find runs by these ids, never as "the latest runs". This module
-imports neither Ray nor MLflow, so every stage can read the manifest.
-
-The file is git-tracked, so it holds nothing tied to one machine or one run: paths (and an sqlite store) inside the
-project are written relative to the project root and resolved against it on reading, so a moved, copied or cloned
-project reads its own; a path outside it (shared cluster storage, a server URI) is kept as given.
+``results/tune/manifest.json`` names the MLflow runs of the sweep (store, experiment, parent run, one run per trial)
+and each trial's last checkpoint: later stages find runs by these ids, never as "the latest runs". It imports
+neither Ray nor MLflow, so every stage can read it. Git-tracked, so paths (and an sqlite store) inside the project
+are written relative to it and resolved on reading: a moved or cloned project reads its own.
 """
 
 from __future__ import annotations

@@ -22,11 +22,9 @@ from pipeline.sweep.tracking.store import tracking_uri
 
 
 def preflight(params: Params, project_root: Path) -> None:
-    """A local machine too small for one trial, storage that cannot hold the Ray results, a tracking server that does
-    not answer; on a cluster, one that cannot be attached to (address, token) within seconds and, with several nodes,
-    storage they do not share, other trial code on a node, an sqlite store; a local CPU trial that cannot fit in this
-    machine's memory (``estimate``); an sqlite store that is corrupt, or missing
-    where the tune manifest says its runs are."""
+    """Refuse, naming the key: a machine too small for one trial (its memory too, ``estimate``), storage that cannot
+    hold the Ray results, a tracking server that does not answer, an sqlite store corrupt or missing where the tune
+    manifest says its runs are; a cluster that cannot be attached to and, with several nodes, ``cluster``'s checks."""
     address, nodes = ray_address(params.sweep), 0
     if ray.is_initialized():  # ray_session will use this Ray as it is
         available = ray.cluster_resources()
@@ -53,11 +51,9 @@ TUNE_MANIFEST = Path("results/tune/manifest.json")  # the tune stage's output, i
 
 
 def manifest_naming(uri: str, project_root: Path) -> Path | None:
-    """The tune manifest that records runs in the store at ``uri``, if there is one: that store must not be replaced
-    by a new empty one when its file is gone (``check_store``). The workspace's manifest counts only when the
-    workspace belongs to ``project_root`` (it is the project, or DVC runs a queued experiment of it there): a sweep
-    into another root, such as a benchmark's temporary project, would otherwise read this checkout's manifest as its
-    own, resolve its project-relative store against the other root and refuse a store it never had."""
+    """The tune manifest that records runs in the store at ``uri``, if any: that store must not be replaced by a new
+    empty one when its file is gone (``check_store``). The workspace's manifest counts only when the workspace belongs
+    to ``project_root``: a sweep into another root (a benchmark's) would otherwise refuse a store it never had."""
     dvc_root = os.environ.get("DVC_ROOT")
     workspace_root = Path(dvc_root).resolve() if dvc_root else Path.cwd().resolve()
     candidates = [project_root / TUNE_MANIFEST]

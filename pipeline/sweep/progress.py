@@ -1,9 +1,8 @@
 """What Ray Tune prints while a sweep runs: one compact table with the columns a reader looks for, refreshed slowly.
 
-Ray 2.60's default output engine ignores a ``RunConfig.progress_reporter``: it prints a table of *every* reported
-value after each trial's reports and keeps only the first few metrics (not the objective) in its status table. Its
-legacy engine (``RAY_AIR_NEW_OUTPUT=0``, still supported in 2.60) honours a ``CLIReporter`` with chosen columns and a
-refresh period. The variable changes only what is printed, never a result, and a value the user set wins.
+Ray 2.60's default output engine ignores ``RunConfig.progress_reporter`` and prints every reported value; its legacy
+engine (``RAY_AIR_NEW_OUTPUT=0``) honours a ``CLIReporter`` with chosen columns and a refresh period. The variable
+changes only what is printed, and a value the user set wins.
 """
 
 from __future__ import annotations
@@ -115,12 +114,8 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def progress_reporter() -> tune.CLIReporter:
-    """The sweep's progress table (variant, seed, epoch, train loss, test accuracy, images/s, time, ETA), best trial
-    first.
-
-    Switches Ray to its legacy output engine unless the user chose one (see the module docstring): call it before
-    ``Tuner.fit``.
-    """
+    """The sweep's progress table, best trial first. Switches Ray to its legacy output engine unless the user chose
+    one (the module docstring): call it before ``Tuner.fit``."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     return SweepReporter(
         parameter_columns=PARAMETER_COLUMNS,

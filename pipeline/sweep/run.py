@@ -1,12 +1,9 @@
 """The tune stage's sweep: variants x seeds as Ray Tune trials, tracked in MLflow, the finished runs reused.
 
-What is the sweep's own, on top of the tracked-run sequence it shares with the prune stage (``pipeline.sweep.tracked``):
-- the grid and the reuse decision per trial (``grid``, ``reuse``): only the trials that are not reused go to Tune, a
-  finished run of the same identity is listed with that run, an unfinished one continues it from its checkpoint;
-- what a trial's run is called and holds (``trial_run_info``: its full config as params, its ``trial_key``);
-- the records of reused trials, read before Tune starts while the store is known to answer;
-- what a finished sweep publishes (``publish_sweep``): the parent's description and summary metrics, and the best
-  model of each variant in the registry; and the tune manifest (``tune_manifest``).
+The sweep's own part of the tracked run it shares with prune (``pipeline.sweep.tracked``): the grid and the reuse
+decision per trial (only trials not reused go to Tune), what a trial's run is called and holds (``trial_run_info``),
+the records of reused trials (read before Tune starts, while the store answers), what a finished sweep publishes
+(``publish_sweep``: the parent's description and summary, the registry) and its manifest (``tune_manifest``).
 """
 
 from __future__ import annotations
@@ -67,10 +64,8 @@ def run_name(variant: str, seed: int) -> str:
 def trial_run_info(
     config: dict[str, Any], params_json: dict[str, Any], data_hash: str, class_counts: tuple[int, ...] | None = None
 ) -> TrialInfo:
-    """Run name, flattened params and tags (with its ``trial_key``) of a trial's MLflow run (called by the driver-side
-    callback). The params are those that apply to the variant's architecture (``applicable_model``); with the prepared
-    training set's ``class_counts`` they include ``train_images``, the images the trial trains on
-    (``train.data_fraction`` of every class, ``pipeline.data.subset``)."""
+    """Run name, flattened params and tags (with its ``trial_key``) of a trial's MLflow run: the params that apply to
+    the variant's architecture (``applicable_model``) and, given ``class_counts``, ``train_images``."""
     params = parse_params(params_json, "trial params")
     variant, seed = config["variant"], config["seed"]
     model = params.model_for(variant).model_dump(mode="json")
@@ -147,9 +142,7 @@ def run_sweep(
     params: Params, data: PreparedData, project_root: Path, *, submitted: SubmittedJob | None = None
 ) -> TrackedOutcome:
     """Run (or restore and finish) the trials of the sweep that are not reused; the outcome's records hold every trial
-    of the grid, the reused ones too. ``project_root``: where the stores resolve (``location.store_root``).
-    ``submitted``: this driver is a Ray job submitted from a workstation (``pipeline.sweep.submit``), whose commit
-    and submission id the runs record."""
+    of the grid. ``submitted``: this driver is a Ray job (``pipeline.sweep.submit``), whose commit the runs record."""
     preflight(params, project_root)
     class_counts = tuple(torch.bincount(data.train_labels, minlength=data.num_classes).tolist())
     sweep = Sweep(params, content_hash(data), project_root, submitted, class_counts)

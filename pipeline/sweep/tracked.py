@@ -157,7 +157,7 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
         log.warning("%s", line)
     claims.release("KILLED" if any(r.status in (INTERRUPTED, ERROR) for r in records) else "FINISHED")
     outcome = TrackedOutcome(
-        stage.name, path, restored, parent, decisions, records, dict(callback.calls), callback.epochs_logged
+        stage.name, path, restored, parent, decisions, records, dict(callback.calls), callback.epoch_writes.count
     )
     buffer = callback.buffer
     if outcome.interrupted:
@@ -212,10 +212,8 @@ def storage_fault(err: BaseException) -> StorageFaultError | None:
 
 
 def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> list[TrialRecord]:
-    """One record per trial of ``results``, with its MLflow run: the callback's (trial id -> run id, which includes
-    runs continued from an earlier sweep), else the parent's child run tagged with its trial id or its variant and
-    seed (a trial that failed before its first report). While the store cannot be read (the server down, writes still
-    buffered), what the callback wrote stands for the run: its id, name, tags and how the trial ended."""
+    """One record per trial of ``results``, with its MLflow run: the callback's, else the parent's child run tagged with
+    its trial id or variant and seed. While the store cannot be read, what the callback wrote stands for the run."""
     run_ids = callback.run_ids()
     runs = callback.stored_runs() if callback.buffer.flush(force=True) else None
     by_variant_seed = {(run.data.tags.get("variant"), run.data.tags.get("seed")): run for run in (runs or {}).values()}

@@ -42,10 +42,8 @@ def saved_by_tune(path: StoragePath) -> bool:
 
 
 def restorable(path: StoragePath) -> bool:
-    """Whether this driver can restore the interrupted run at ``path``: Tune has its state there and its saved Tuner
-    unpickles. One saved by a driver whose modules have since moved does not; the run then starts anew in the same
-    folder and finds its trials in the store as any grown sweep does (finished ones reused, unfinished ones resumed
-    from their newest checkpoint, in their own runs)."""
+    """Whether this driver can restore the interrupted run at ``path``: Tune's saved Tuner unpickles. One saved by a
+    driver whose modules have since moved does not: the run starts anew and finds its trials in the store."""
     if not saved_by_tune(path):
         return False
     try:
@@ -62,10 +60,8 @@ def restorable(path: StoragePath) -> bool:
 
 
 def interrupted(path: StoragePath, tracking_uri: str) -> bool:
-    """Whether the sweep at ``path`` is one to restore: Tune's state there is restorable by this driver and its parent
-    run did not end FINISHED. A finished sweep is never restored: its trials are looked up and reused like any finished
-    run, so the dry run's plan, the run's log and the manifest's counts all say "reuse" (restoring it would replay its
-    first run's "train" decisions, count every trial as trained and train nothing)."""
+    """Whether the sweep at ``path`` is one to restore: restorable, and its parent run did not end FINISHED. A finished
+    sweep's trials are reused like any finished run, so the dry run, the log and the manifest all say "reuse"."""
     return restorable(path) and not parent_finished(path, tracking_uri)
 
 

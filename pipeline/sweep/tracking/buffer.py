@@ -412,10 +412,8 @@ def park_buffer(buffer_file: Path, experiment: StoragePath) -> None:
 
 
 def flush_buffers(storage: StoragePath, local_root: Path) -> None:
-    """Before a stage plans anything: replay what earlier runs buffered under ``local_root`` (one file per Ray
-    experiment; ``pipeline.sweep.storage.driver_dir``), first taking back the buffers parked in a bucket
-    (``park_buffer``), since reuse and restore read the runs' states. A server still down only warns: preflight has
-    already checked this stage's own tracking server."""
+    """Before a stage plans anything (reuse and restore read the runs): replay what earlier runs buffered under
+    ``local_root``, first taking back the buffers parked in a bucket (``park_buffer``); a server still down warns."""
     if storage.remote:
         for experiment in storage.subdirs():
             if not (experiment / BUFFER_FILE).is_file():

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from ray.tune import Callback
 
@@ -69,11 +69,9 @@ def trial_outcome(run: Any | None) -> str:
 
 
 def close_interrupted(callback: MlflowTrialCallback, reason: str | None = None) -> int:
-    """Mark the trials' runs still RUNNING (driver interrupted) and the parent as KILLED; a restore reopens them.
-    Besides the sweep's children, the runs of an earlier sweep that this one continued. With the server down (or
-    writes still queued) the store cannot say which runs are open: those the callback opened and did not end are
-    closed through the buffer. ``reason`` (why the run stopped: a full storage) goes on each and on the parent as
-    ``tune.stop_reason`` (kept when a re-run continues the run: it is what stopped it last)."""
+    """Mark the trials' runs still RUNNING (the sweep's, and an earlier sweep's it continued) and the parent as KILLED;
+    a restore reopens them. With the server down, those the callback opened and did not end are closed through the
+    buffer. ``reason`` (a full storage) goes on each and on the parent as ``tune.stop_reason``."""
     parent, buffer = callback.parent, callback.buffer
     buffer.stop_writer(raise_errors=False)  # the writes in flight (a trial's end among them) are made first
     runs = callback.stored_runs() if buffer.flush(force=True) else None
@@ -149,10 +147,6 @@ class MlflowTrialCallback(Callback):
     def calls(self) -> Counter:
         """MLflow client requests made so far, by method (the sweep-overhead benchmark reports them)."""
         return self._client.calls if self._client is not None else Counter()
-
-    @property
-    def epochs_logged(self) -> int:
-        return self.epoch_writes.count
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_buffer": None}
@@ -265,14 +259,12 @@ class MlflowTrialCallback(Callback):
         if label == EARLY_STOPPED:
             tags["tune.early_stopped"] = "true"
         self._remember(trial, tags)
-        self.ends.end(run_id, trial, RunStatus.to_string(RunStatus.from_string(status)), tags)
+        self.ends.end(run_id, trial, status, tags)
         self._open.discard(trial.trial_id)
 
     def adopt_child_runs(self) -> int:
-        """On a restore, the parent's child runs by their trial id, for the trials Tune's saved state does not map:
-        a storage that filled up (or a driver killed) before Tune saved its state after a trial's run was created would
-        otherwise give that trial a second run. One search for the sweep; none while the store cannot be read (the
-        restore then goes by Tune's state alone). How many runs it adopted."""
+        """On a restore, the parent's child runs by trial id for the trials Tune's saved state does not map (a driver
+        stopped after a run was made but before Tune saved its state): no second run. How many it adopted."""
         parent = self.parent
         found = self.read(lambda: child_runs(parent.tracking_uri, parent.experiment_id, parent.parent_run_id), {})
         adopted = {

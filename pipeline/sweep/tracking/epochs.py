@@ -1,10 +1,9 @@
 """A trial's per-epoch writes to its run: one ``log_batch`` per epoch at ``step=epoch``, each epoch once.
 
-Only the keys ``report.epoch_metrics`` picks from a report go out (not Ray's bookkeeping keys), with the first epoch
-those measured before training at step 0 (``report.initial_metrics``), so each locality curve starts at the
-initialisation. An epoch already in the run is never logged again: Tune resumes a trial from its last saved state,
-which can lag behind what was logged, and a run continued from an earlier sweep gets the epochs its checkpoint holds
-but the run misses (``catch_up``). The node and device a report came from are tagged when they change.
+Only the keys ``report.epoch_metrics`` picks go out, with the first epoch those measured before training at step 0,
+so each locality curve starts at the initialisation. An epoch already in the run is never logged again (Tune resumes
+from a saved state that can lag behind the log); a run continued from an earlier sweep gets the epochs its checkpoint
+holds but the run misses (``catch_up``). The node and device a report came from are tagged when they change.
 """
 
 from __future__ import annotations

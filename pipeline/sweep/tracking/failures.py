@@ -1,10 +1,9 @@
 """A trial's failed attempts as the driver's Tune callback sees them: why each failed, whether it was retried, and the
 failures no retry can fix.
 
-Tune tells the callback that a trial failed (``on_trial_recover``: retried; ``on_trial_error``: no retry left) but
-not why; the reason is in the error Tune pickled and the error file it appends to. Read here, so the stage can say in
-one line per trial what it lost (``FailedAttempts.summary``), a trial whose every attempt died before its first
-report is still known as failed (``FailedAttempts.failed_config``), and a full disk stops the sweep at once
+Tune tells the callback that a trial failed but not why; the reason is in the error Tune pickled and its error file.
+Read here, so the stage says in one line per trial what it lost (``FailedAttempts.summary``), a trial whose every
+attempt died before its first report is still known as failed, and a full disk stops the sweep at once
 (``stop_on_storage_fault``) instead of failing every trial in turn.
 """
 
@@ -91,10 +90,8 @@ class FailedAttempts:
 
     def failed_config(self, folder: str) -> dict[str, Any] | None:
         """The config of the trial in ``folder`` (its storage folder's name) if Tune ended it as failed, its retries
-        spent; None otherwise. Also for a trial whose every attempt died before its first report: its error is not in
-        Tune's results (no error file in its storage folder) and its result has no config (every attempt killed before
-        the trial wrote one, e.g. by Ray's memory monitor while its actor was constructed): a failed trial, not one
-        still pending when the sweep stopped."""
+        spent; None otherwise. Also when every attempt died before its first report (Tune's result then has neither
+        its error nor its config): a failed trial, not one still pending when the sweep stopped."""
         found = (k["config"] for k in self.trials.values() if k["final"] and k["folder"] == folder)
         return next(found, None)
 

@@ -126,10 +126,9 @@ def log_checkpoint(
     payload: dict | None = None,
     tags: dict[str, str] | None = None,
 ) -> None:
-    """A trial's checkpoint folder (``checkpoint.pt``, ``head_history.json``) as artifact ``checkpoint/`` of run
-    ``run_id``, and its final model: tags ``tune.checkpoint`` (the folder, or ``location``: where it is kept when
-    ``checkpoint_dir`` is a downloaded copy) and ``model_uri``. ``payload``: ``checkpoint.pt`` already loaded;
-    ``tags``: more tags for the run, written with those."""
+    """A trial's checkpoint folder as artifact ``checkpoint/`` of run ``run_id`` and its final model, then the tags
+    ``tune.checkpoint`` (``location``: where a downloaded copy is kept) and ``model_uri``, with ``tags``, in one
+    request. ``payload``: ``checkpoint.pt`` already loaded."""
     client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
     model_uri = log_trial_model(client, tracking_uri, run_id, checkpoint_dir, dataset, payload)
     # Both tags in one request once both are known: a model log that fails leaves neither, so the run does not count

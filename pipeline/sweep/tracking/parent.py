@@ -1,9 +1,8 @@
 """The parent run of a sweep (``tune-<hash>``) or a prune run (``prune-<hash>``): opened once, found again on restore.
 
 The driver creates the experiment and the parent run before any trial starts (a cold sqlite store and concurrent
-``set_experiment`` calls lose or misfile runs). The parent's id is kept in the Ray experiment folder
-(``PARENT_FILE``), so a restored run continues its parent instead of opening a second one; the store is named there
-independently of where the project lies (``store_key``), so a moved or copied project finds it too.
+``set_experiment`` calls lose runs). The parent's id is kept in the Ray experiment folder (``PARENT_FILE``), with the
+store named independently of where the project lies (``store_key``), so a restored, moved or copied run continues it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """What a finished run says in MLflow: the parent run's description and summary metrics, and the registered models.
 
-Without these the runs table shows a parent row ``tune-<hash>`` with no metric until it is expanded. The parent gets
-a description (``mlflow.note.content``, shown as Markdown on the run page: what was swept, on which data, how to
-read it) and ``test_acc.<variant>``, the mean final test accuracy over seeds (the manifest's ``metrics.json``
-numbers), so the collapsed table already compares variants. The best trial of each variant (highest final test
-accuracy) has its model registered as ``<experiment>.<variant>`` with its run as source, tagged with its sweep, params
-hash and trial key; alias ``best`` follows the version with the highest test accuracy.
+Without these the runs table shows a parent row with no metric until it is expanded. The parent gets a Markdown
+description and ``test_acc.<variant>`` (the mean final test accuracy over seeds), so the collapsed table compares
+variants. Each variant's best trial has its model registered as ``<experiment>.<variant>``, tagged with its sweep,
+params hash and trial key; alias ``best`` follows the version with the highest test accuracy.
 """
 
 from __future__ import annotations
@@ -76,9 +74,7 @@ def register_best_models(
     tracking_uri: str, experiment: str, trials: list[TrialRecord], suffix: str = ""
 ) -> dict[str, str]:
     """Register the final model of each variant's best trial as ``<experiment>.<variant><suffix>`` (a new version
-    unless this run's model is already one); return variant -> registered name. Trials whose model was not logged
-    are skipped. The prune stage registers its fine-tuned models with ``suffix="_pruned"``. A tracking error only
-    warns (the trials' runs and the manifest are what later stages need)."""
+    unless this run's model is one already); variant -> registered name. A tracking error only warns."""
     client = mlflow_client(tracking_uri)
     try:
         with using_tracking_uri(tracking_uri):  # the registry resolves a version's ``models:/`` source through it

@@ -1,9 +1,8 @@
 """A real ``mlflow server`` of our own: the tests' tracking server, the benchmarks' (load, planning at scale).
 
-One starter for all of them, as MLflow 3.17 needs it here: ``--workers 1`` (each uvicorn worker holds ~0.5 GiB),
-``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`` (no job runner process), 127.0.0.1 only, an sqlite store and a proxied
-artifact folder; ready when ``/health`` answers; stopped by its own process group (the server and its worker), never
-by name. A restart after ``kill`` is the same server: same port, same store (the outage tests stop and restart it).
+As MLflow 3.17 needs it here: ``--workers 1`` (a uvicorn worker holds ~0.5 GiB), no job runner, 127.0.0.1 only, an
+sqlite store and a proxied artifact folder; ready when ``/health`` answers; stopped by its process group, never by
+name. A restart after ``kill`` is the same server (port and store): the outage tests rely on it.
 """
 
 from __future__ import annotations

@@ -133,13 +133,9 @@ def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
 
 
 def prepare_store(uri: str, artifacts: Path | None = None) -> None:
-    """Create (migrate) a local sqlite store in one process at a time. MLflow builds a fresh database's schema on first
-    use; two processes doing it at once (two projects sharing one store) crash in the migration. The second waits on
-    a lock file beside the database (``filelock``: an OS lock, released when the process ends however it ends), then
-    finds the schema complete. Other stores need nothing.
-
-    ``artifacts``: the default project-local store's artifact folder; locations in the store that name another
-    project's (a copied or moved project) are pointed at it (``location.adopt_artifact_root``)."""
+    """Create (migrate) a local sqlite store in one process at a time: two processes migrating a fresh database at once
+    crash. The second waits on an OS lock beside the database, then finds the schema complete. ``artifacts``: the
+    default store's artifact folder, which a copied project's locations are pointed at (``adopt_artifact_root``)."""
     if not uri.startswith("sqlite:///"):
         return
     database = Path(uri.removeprefix("sqlite:///"))
@@ -151,23 +147,17 @@ def prepare_store(uri: str, artifacts: Path | None = None) -> None:
 
 
 def artifact_root(uri: str, project_root: Path) -> str | None:
-    """Artifact location for a new experiment: ``<project>/mlartifacts`` next to a local sqlite store.
-
-    Without it MLflow would use ``<cwd at creation>/mlruns``; a server (http) decides for itself (proxied artifacts).
-    """
+    """Artifact location for a new experiment: ``<project>/mlartifacts`` next to a local sqlite store (MLflow would
+    use ``<cwd>/mlruns``); a server decides for itself."""
     return (project_root / ARTIFACTS_DIR).resolve().as_uri() if uri.startswith("sqlite:") else None
 
 
 def ensure_experiment(
     client: MlflowClient, name: str, location: str | None, *, created_after: str | None = None
 ) -> str:
-    """The experiment's id, created once here in the driver (a cold store must not be migrated by many writers), as a
-    model-training experiment (``EXPERIMENT_KIND``); one created before that tag existed gets it.
-
-    ``created_after``: an experiment to create first when ``name`` is new, so that ``name`` is the newer one. MLflow's
-    home page and experiments list put the last updated experiment first, and an experiment's last update is its
-    creation unless it is renamed or restored (ties: the higher id first): the study's experiment, not its internal
-    claims, is what a user sees first."""
+    """The experiment's id, created once here in the driver as a model-training experiment (``EXPERIMENT_KIND``).
+    ``created_after``: an experiment to create first when ``name`` is new: MLflow's home page lists the last created
+    experiment first, so the study's experiment, not its internal claims, is what a user sees first."""
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         if created_after is not None:
@@ -234,11 +224,8 @@ def all_runs(client: MlflowClient, experiment_id: str, query: str, page: int = 1
 
 
 def find_runs(client: MlflowClient, experiment_id: str, keys: Iterable[str]) -> dict[str, list[Run]]:
-    """The active runs of the experiment tagged with each trial key, newest first (deleted runs are not found).
-
-    One paged search for every key at once (MLflow's filter has no ``IN`` for tags): the experiment's runs that have
-    a trial key, at most ``PLAN_PAGE`` per request, kept for the keys asked. A plan of any size costs one request per
-    ``PLAN_PAGE`` keyed runs in the store (one up to 50,000), not one search over the whole store per trial."""
+    """The active runs of the experiment tagged with each trial key, newest first. One paged search for every key at
+    once (MLflow's filter has no ``IN`` for tags): one request per ``PLAN_PAGE`` keyed runs, not one per trial."""
     found: dict[str, list[Run]] = {key: [] for key in sorted(set(keys))}
     if found:
         query = f"tags.`{KEY_TAG}` LIKE '%'"

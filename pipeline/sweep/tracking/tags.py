@@ -1,11 +1,9 @@
 """What a run holds: the names the driver writes and reads back, the context tags, params flattened as MLflow's strings.
 
-A trial's run (``callback``) holds: its full config as params (``flatten``); per epoch the metrics ``callback.
-epoch_metrics`` picks from the trial's report, at ``step = epoch``; the tags below (and the sweep's ``dvc_stage``,
-``params_hash``, ``git_commit``, MLflow's own ``mlflow.user`` / ``mlflow.source.*``); when it ends, its checkpoint
-folder as artifact ``checkpoint/``, its final model and the prepared dataset as its input (``logged_model``). The
-parent run of a sweep or a prune run (``parent``) holds the stage's params, ``sweep_trials.json`` and, once finished,
-a description and summary metrics (``registry``).
+A trial's run holds its full config as params (``flatten``), its per-epoch metrics at ``step = epoch``, the tags
+below (with the sweep's ``dvc_stage``, ``params_hash``, ``git_commit`` and MLflow's ``mlflow.user`` /
+``mlflow.source.*``) and, when it ends, its checkpoint, final model and dataset (``logged_model``). A parent run holds
+the stage's params, ``sweep_trials.json`` and, once finished, a description and summary metrics (``registry``).
 """
 
 from __future__ import annotations
