@@ -46,9 +46,8 @@ def finetune_params(params: Params) -> Params:
 
 
 def prune_key(params: Params, plan: PrunePlan) -> str:
-    """Identity of one pruned and fine-tuned model: its source trial's identity (model, train config with seed, data,
-    trial code, which holds the pruning rule) and the prune config. A finished fine-tuning run of the same key is
-    reused."""
+    """Identity of one pruned and fine-tuned model: its source trial's identity (the trial code holds the pruning rule)
+    and the prune config. A finished fine-tuning run of the same key is reused."""
     return params_hash({"source": source_identity(plan.source), "prune": params.prune.model_dump(mode="json")})
 
 

@@ -28,9 +28,8 @@ from pipeline.sweep.tuner import restorable, saved_by_tune
 def dry_run_decisions(
     params: Params, project_root: Path, data_hash: str | None
 ) -> tuple[list[TrialDecision] | None, str]:
-    """What the sweep would do with each trial (reuse / resume / train) and the sweep's state: an interrupted sweep's
-    own decisions (a restore continues them), else a look-up in the tracking store (None when it cannot answer). A
-    finished sweep is looked up too: each of its trials has a finished run that a re-run would reuse."""
+    """What the sweep would do with each trial and the sweep's state: an interrupted sweep's own decisions (a restore
+    continues them), else a look-up in the tracking store, as a finished sweep's (None when it cannot answer)."""
     path = storage_dir(params, project_root) / experiment_name(params, data_hash or "missing")
     uri = tracking_uri(params.tracking, project_root)
     if data_hash is None:

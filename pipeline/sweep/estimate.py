@@ -59,9 +59,8 @@ def data_shape(params: Params, project_root: Path) -> tuple[tuple[int, int, int]
 
 
 def estimate_trial(params: Params, variant: str, shape: tuple[int, int, int], classes: int) -> TrialEstimate:
-    """The ``meta`` device rather than the fake tensor mode torch.compile traces with: the same shapes and bytes, at
-    0.5 CPU-s less per dry run and local sweep (the default's five variants: 2.44 -> 1.92 s; meta's Python kernels
-    still import TorchDynamo)."""
+    """On the ``meta`` device rather than torch.compile's fake tensor mode: the same shapes and bytes, 0.5 CPU-s less
+    per dry run and local sweep (the default's five variants: 2.44 -> 1.92 s)."""
     from pipeline.trial.checkpoint import build_for_data
 
     def kept_for_backward(model: torch.nn.Module, batch: int) -> int:

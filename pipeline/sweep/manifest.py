@@ -141,9 +141,8 @@ def write_manifest(path: Path, manifest: Any, items: str, item_cls: type, projec
 
 
 def read_manifest(path: Path, cls: type[M], items: str, item_cls: type, stage: str, project_root: Path) -> M:
-    """A stage's manifest: the dataclass ``cls`` whose list field ``items`` holds ``item_cls`` records, its paths
-    resolved against ``project_root``. A missing, unreadable or incomplete file raises naming the file and the stage
-    to run; fields a newer writer added are ignored."""
+    """A stage's manifest as ``cls`` (its list ``items`` of ``item_cls``), paths resolved against ``project_root``; a
+    missing, unreadable or incomplete file raises naming the file and the stage to run."""
     path = Path(path)
     hint = f"run the {stage} stage first (`dvc repro {stage}`)"
     if not path.is_file():

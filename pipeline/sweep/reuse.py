@@ -91,9 +91,8 @@ def decide_trials(
     client: MlflowClient | None = None,
     seen: dict[str, Run] | None = None,
 ) -> list[TrialDecision]:
-    """The decision for every (variant, seed, key); without an experiment yet, everything trains. One paged search
-    for all keys (``store.find_runs``); ``seen`` receives the runs it read by run id, so the reused trials' records
-    need no request of their own; ``client``: the client to ask (the benchmark's counts requests)."""
+    """The decision for every (variant, seed, key), from one paged search for all keys (``store.find_runs``); ``seen``
+    receives the runs read, so the reused trials' records need no request of their own."""
     if experiment_id is None or retrain:
         return [TrialDecision(variant, seed, key, TRAIN) for variant, seed, key in trials]
     runs = find_runs(client or mlflow_client(uri), experiment_id, (key for _, _, key in trials))

@@ -172,9 +172,8 @@ def tune_manifest(outcome: TrackedOutcome) -> TuneManifest:
 
 
 def reused_records(uri: str, decisions: list[TrialDecision], seen: dict[str, Run] | None = None) -> list[TrialRecord]:
-    """The manifest's records of the reused trials, read from their finished runs: those the plan read (``seen``)
-    cost no request; the head-centre history is looked for in the Ray copy of the checkpoint, in the run's artifacts
-    only when that copy is gone."""
+    """The manifest's records of the reused trials, from their finished runs (those the plan read cost no request); the
+    head-centre history from the Ray copy of the checkpoint, else the run's artifacts."""
     reused = [decision for decision in decisions if decision.action == REUSE]
     if not reused:
         return []

@@ -171,9 +171,8 @@ class StoragePath:
 
 
 def found_file(path: StoragePath) -> bool:
-    """Whether ``path`` is a file, False (with a warning) when its file system cannot be reached: a location recorded
-    by an earlier run (an MLflow tag, a manifest) may name a bucket or endpoint that is gone; the caller then falls
-    back as for a deleted file (train anew, download the MLflow copy)."""
+    """Whether ``path`` is a file; False, with a warning, when its file system cannot be reached (a location an earlier
+    run recorded may name a bucket that is gone): the caller falls back as for a deleted file."""
     try:
         return path.is_file()
     except OSError as err:
@@ -190,9 +189,8 @@ def storage_dir(params: Params, project_root: Path) -> StoragePath:
 
 
 def driver_dir(storage: StoragePath, project_root: Path) -> Path:
-    """The local folder for the driver's own files beside each Tune experiment that must stay on its disk (the
-    MLflow outage buffer, appended and fsync'd line by line): the storage itself when it is local, else
-    ``DRIVER_DIR`` in the project."""
+    """The local folder for the driver's files that must stay on its disk (the outage buffer): the storage itself when
+    it is local, else ``DRIVER_DIR`` in the project."""
     return project_root / DRIVER_DIR if storage.remote else storage.local
 
 

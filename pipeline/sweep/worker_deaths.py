@@ -22,9 +22,8 @@ LOST = "the trial's Ray worker was lost"
 
 
 def as_actor_death(exception: BaseException) -> BaseException:
-    """The error an actor task failed with, as Tune's actor manager must see it: a ``RayError`` that says neither
-    that the actor died nor that the trainable raised (``OutOfMemoryError``, ``NodeDiedError``, ``ObjectLostError``...)
-    is the worker's death; anything else is returned as it is."""
+    """The error an actor task failed with, as Tune's actor manager must see it: a ``RayError`` of neither kind
+    (``OutOfMemoryError``, ``NodeDiedError``...) is the worker's death; anything else as it is."""
     if isinstance(exception, RayError) and not isinstance(exception, (RayActorError, RayTaskError)):
         return RayActorError(error_msg=f"{LOST} ({type(exception).__name__}): {exception}")
     return exception

@@ -89,9 +89,8 @@ class SerialWriter:
 
 
 class TrackingBuffer:
-    """The driver's MLflow writes to existing runs, made directly while the server answers and queued on disk while
-    it does not; with ``background``, on a writer thread. Holds plain data only (the callback that owns it is pickled
-    by Tune); the client is given lazily."""
+    """The driver's MLflow writes, made while the server answers and queued on disk while it does not; with
+    ``background``, on a writer thread. Plain data (Tune pickles the callback that owns it); the client is lazy."""
 
     def __init__(
         self, path: Path | None, uri: str, client: Callable[[], Any] | None = None, background: bool = False
@@ -166,9 +165,8 @@ class TrackingBuffer:
             self._writer.drain()
 
     def stop_writer(self, raise_errors: bool = True) -> None:
-        """Wait for the queued writes; later ones are made in the caller's thread (after the sweep, whose wrap-up
-        reads what it wrote). An error one raised is raised, or with ``raise_errors`` false (runs being closed
-        anyway) logged."""
+        """Wait for the queued writes; later ones are made in the caller's thread (the wrap-up reads what it wrote). An
+        error one raised is raised, or logged with ``raise_errors`` false (runs being closed anyway)."""
         writer, self._writer = self._writer, None
         if writer is None:
             return
@@ -183,9 +181,8 @@ class TrackingBuffer:
 
     # The writes the driver makes, each one entry of the buffer.
     def create_run(self, placeholder: str, experiment_id: str, run_name: str, tags: dict[str, str]) -> str:
-        """A new run, made as any write (on the writer thread, or queued while the server is down): ``placeholder``
-        stands for it in the writes queued behind it until then. Its id: the run's own when it was made now (no
-        writer thread), else the placeholder (``run_id`` maps it once the run exists)."""
+        """A new run, made as any write: ``placeholder`` stands for it in the writes queued behind it. Its id: the run's
+        own when made now (no writer thread), else the placeholder (``run_id`` maps it once the run exists)."""
         entry = {"op": "create_run", "run_id": placeholder, "experiment_id": experiment_id, "run_name": run_name}
         self.write({**entry, "tags": tags})
         return self.run_id(placeholder)
@@ -326,10 +323,8 @@ class TrackingBuffer:
                 params=[Param(*p) for p in entry["params"]],
                 tags=[RunTag(*t) for t in entry["tags"]],
             )
-        elif op == "update_run":
-            self.client.update_run(run_id, status=entry["status"])
-        elif op == "set_terminated":
-            self.client.set_terminated(run_id, status=entry["status"])
+        elif op in ("update_run", "set_terminated"):
+            getattr(self.client, op)(run_id, status=entry["status"])
         elif op == "log_dict":
             self.client.log_dict(run_id, entry["payload"], entry["name"])
         elif op == "upload_checkpoint":

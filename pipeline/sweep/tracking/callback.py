@@ -221,9 +221,8 @@ class MlflowTrialCallback(Callback):
     # The trial -> run map and the runs' lifecycle
 
     def _open_run(self, trial: Any) -> None:
-        """A new child run of the parent for ``trial``, with its params and what it measured before training. Made on
-        the writer thread like every write (a request per trial start on Tune's loop was the last of its waits): until
-        then a placeholder id stands for it."""
+        """A new child run of the parent for ``trial``, with its params and what it measured before training, made on
+        the writer thread like every write (a placeholder id stands for it until then)."""
         described = self.run_info(trial.config)
         tags = {
             **self.tags,

@@ -123,9 +123,8 @@ class TrialSystemMetrics:
             log.warning("system metrics of trial %s not logged: %s", self.trial_id, err)
 
     def stop(self) -> None:
-        """End the sampling and log the last window, waiting at most ``STOP_S``: the rest goes on in the background,
-        so an MLflow server that is down or stalled (the client's retries take minutes) never holds the trial's end.
-        """
+        """End the sampling and log the last window, waiting at most ``STOP_S`` (the rest in the background): a server
+        down or stalled never holds the trial's end."""
         self._stop.set()
         finishing = threading.Thread(target=self._finish, name="trial-system-metrics-stop", daemon=True)
         finishing.start()

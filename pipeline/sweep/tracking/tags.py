@@ -46,9 +46,8 @@ def flatten(tree: dict[str, Any]) -> dict[str, str]:
 
 
 def context_tags() -> dict[str, str]:
-    """The tags ``mlflow.start_run`` would add (user, source name and type, git commit of the entry point), which
-    ``MlflowClient.create_run`` does not, and the DVC experiment when ``dvc exp run`` runs the stage (DVC sets
-    ``DVC_EXP_NAME`` for it)."""
+    """The tags ``mlflow.start_run`` would add and ``MlflowClient.create_run`` does not (user, source, git commit), and
+    the DVC experiment under ``dvc exp run`` (``DVC_EXP_NAME``)."""
     tags = resolve_tags()
     experiment = os.environ.get("DVC_EXP_NAME")
     return {**tags, DVC_EXP_TAG: experiment} if experiment else tags
