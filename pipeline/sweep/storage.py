@@ -39,7 +39,7 @@ class StoragePath:
 
     def __init__(self, location: str | Path) -> None:
         self.text = str(location)
-        self.remote = is_uri(self.text)  # opened through pyarrow (a bucket; a file:// URI too)
+        self.remote = is_uri(self.text)  # a URI (a bucket; a file:// URI too): its text names it, not a local path
 
     @cached_property
     def _fs(self) -> tuple[pafs.FileSystem, str]:
