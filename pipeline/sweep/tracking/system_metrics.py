@@ -97,6 +97,7 @@ class TrialSystemMetrics:
 
     def _start(self) -> None:
         try:
+            from mlflow.entities import RunTag
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
             from mlflow.tracking import MlflowClient
 
@@ -105,9 +106,8 @@ class TrialSystemMetrics:
                 if not self._stop.is_set():
                     log.warning("system metrics: no run of trial %s in %s", self.trial_id, self.target.tracking_uri)
                 return
-            client = MlflowClient(self.target.tracking_uri)
-            for key, value in hardware_tags().items():
-                client.set_tag(run_id, key, value)
+            tags = [RunTag(key, value) for key, value in hardware_tags().items()]
+            MlflowClient(self.target.tracking_uri).log_batch(run_id, tags=tags)  # one request, not one per tag
             if self._stop.is_set():
                 return
             self._monitor = SystemMetricsMonitor(

@@ -1,5 +1,5 @@
-"""System metrics sampled in the trial's worker: where it may write, what hardware it records, that MLflow can sample
-a GPU, and that a store that does not answer never holds a trial's end.
+"""System metrics sampled in the trial's worker: where it may write, what hardware it records (in one request), that
+MLflow can sample a GPU, and that a store that does not answer never holds a trial's end.
 
 The monitor itself on a real Ray worker and MLflow store: tests/integration/test_tune_pipeline.py (test_run_tree).
 """
@@ -96,3 +96,32 @@ def test_a_store_that_does_not_answer_never_holds_the_trials_end(
         monitor.stop()  # the trial's end
     assert time.monotonic() - started < 2.5
     assert f"the store at {uri} did not take them within 1 s" in caplog.text
+
+
+def test_the_trials_run_gets_its_hardware_in_one_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.sweep.tracking.tags import TRIAL_ID_TAG
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("study", artifact_location=(tmp_path / "artifacts").as_uri())
+    run = client.create_run(experiment, tags={TRIAL_ID_TAG: "trial_0001"})  # what the driver's callback opens
+    writes: list[str] = []
+    for name in ("set_tag", "log_batch"):
+        original = getattr(MlflowClient, name)
+
+        def counted(self: MlflowClient, *args: object, _name: str = name, _original=original, **kwargs: object) -> None:
+            writes.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(MlflowClient, name, counted)
+    monitor = TrialSystemMetrics(MetricsTarget(uri, experiment), "trial_0001")
+    monitor.start()
+    deadline = time.monotonic() + 60
+    while "host.cpu" not in client.get_run(run.info.run_id).data.tags and time.monotonic() < deadline:
+        time.sleep(0.2)
+    monitor.stop()
+    tags = client.get_run(run.info.run_id).data.tags
+    assert tags.items() >= hardware_tags().items()
+    assert writes.count("set_tag") == 0 and writes.count("log_batch") >= 1  # the tags in one batch; then the samples
