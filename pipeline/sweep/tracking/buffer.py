@@ -323,8 +323,10 @@ class TrackingBuffer:
                 params=[Param(*p) for p in entry["params"]],
                 tags=[RunTag(*t) for t in entry["tags"]],
             )
-        elif op in ("update_run", "set_terminated"):
-            getattr(self.client, op)(run_id, status=entry["status"])
+        elif op == "update_run":
+            self.client.update_run(run_id, status=entry["status"])
+        elif op == "set_terminated":
+            self.client.set_terminated(run_id, status=entry["status"])
         elif op == "log_dict":
             self.client.log_dict(run_id, entry["payload"], entry["name"])
         elif op == "upload_checkpoint":

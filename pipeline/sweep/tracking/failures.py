@@ -76,11 +76,15 @@ class FailedAttempts:
         self.trials: dict[str, dict[str, Any]] = {}
 
     def count(self, trial: Any, final: bool) -> None:
-        name = f"{trial.config.get('variant')} seed {trial.config.get('seed')}"
-        folder = PurePosixPath(str(trial.path)).name  # the trial's folder, as its result names it
-        known = self.trials.setdefault(trial.trial_id, {"trial": name, "config": dict(trial.config), "folder": folder})
-        known.setdefault("failures", []).append(last_failure(trial))
-        known["final"] = final
+        if trial.trial_id not in self.trials:
+            self.trials[trial.trial_id] = {
+                "trial": f"{trial.config.get('variant')} seed {trial.config.get('seed')}",
+                "config": dict(trial.config),
+                "folder": PurePosixPath(str(trial.path)).name,  # the trial's folder, as its result names it
+                "failures": [],
+            }
+        self.trials[trial.trial_id]["failures"].append(last_failure(trial))
+        self.trials[trial.trial_id]["final"] = final
 
     def failed_config(self, folder: str) -> dict[str, Any] | None:
         """The config of the trial in ``folder`` (its storage folder's name) if Tune ended it as failed, its retries
