@@ -10,7 +10,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -108,14 +108,18 @@ def test_the_trials_run_gets_its_hardware_in_one_request(tmp_path: Path, monkeyp
     experiment = client.create_experiment("study", artifact_location=(tmp_path / "artifacts").as_uri())
     run = client.create_run(experiment, tags={TRIAL_ID_TAG: "trial_0001"})  # what the driver's callback opens
     writes: list[str] = []
-    for name in ("set_tag", "log_batch"):
+
+    def counting(name: str) -> Callable[..., object]:
         original = getattr(MlflowClient, name)
 
-        def counted(self: MlflowClient, *args: object, _name: str = name, _original=original, **kwargs: object) -> None:
-            writes.append(_name)
-            return _original(self, *args, **kwargs)
+        def counted(self: MlflowClient, *args: object, **kwargs: object) -> object:
+            writes.append(name)
+            return original(self, *args, **kwargs)
 
-        monkeypatch.setattr(MlflowClient, name, counted)
+        return counted
+
+    for name in ("set_tag", "log_batch"):
+        monkeypatch.setattr(MlflowClient, name, counting(name))
     monitor = TrialSystemMetrics(MetricsTarget(uri, experiment), "trial_0001")
     monitor.start()
     deadline = time.monotonic() + 60
