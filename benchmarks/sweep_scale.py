@@ -8,9 +8,9 @@ requests, and prints per store:
   store requests   by method; issue 30's target is <= 10 for 1000 trials, whatever the store holds
   time             wall seconds, and this process's CPU seconds (a server's own CPU is not in it)
   decisions        reuse / resume / train
---server plans once more through a real ``mlflow server --workers 1`` on the same store; --per-key times the former
-plan (one search per trial key) beside it, in the same run on the same store.
-Usage: ``python -m benchmarks.sweep_scale [--trials 1000] [--runs 10000] [--server] [--per-key] [--help]``.
+--server plans once more through a real ``mlflow server --workers 1`` on the same store. (The former plan, one
+search per trial key, made 1000 requests for 1000 trials: benchmarks/README.md.)
+Usage: ``python -m benchmarks.sweep_scale [--trials 1000] [--runs 10000] [--server] [--help]``.
 """
 
 from __future__ import annotations
@@ -125,15 +125,6 @@ def timed(plan: Callable[[CountingClient], object], uri: str) -> tuple[object, C
     return result, client.calls, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def per_key_plan(client: CountingClient, experiment_id: str, keys: list[str]) -> int:
-    """The former plan, for comparison: one search per trial key."""
-    found = 0
-    for key in keys:
-        query = f"tags.`{KEY_TAG}` = '{key}'"
-        found += len(client.search_runs([experiment_id], query, max_results=100, order_by=["start_time DESC"]))
-    return found
-
-
 def say(label: str, trials: int, calls: Counter, wall: float, cpu: float, decided: str) -> None:
     requests = ", ".join(f"{name} {n}" for name, n in sorted(calls.items()))
     print(
@@ -150,12 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=positive_int, default=1000, help="trials in the plan (default: %(default)s)")
     parser.add_argument("--runs", type=positive_int, default=10_000, help="runs in the store (default: %(default)s)")
     parser.add_argument("--server", action="store_true", help="plan through a real mlflow server on the store too")
-    parser.add_argument("--per-key", action="store_true", help="time the former one-search-per-key plan beside it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     with bad_input_is_a_usage_error(parser):
         params = sweep_params(args.params, args.trials)
-    keys = [trial_key(params, params.sweep.variants[0], seed, DATA_HASH) for seed in params.sweep.seeds]
     with tempfile.TemporaryDirectory(prefix="sweep-scale-") as tmp:
         scratch = Path(tmp)
         database = scratch / "mlflow.db"
@@ -183,9 +172,6 @@ def main(argv: list[str] | None = None) -> int:
                 actions = Counter(d.action for d in decisions)
                 decided = ", ".join(f"{actions[a]} {a}" for a in (REUSE, RESUME, TRAIN))
                 say(f"plan ({label})", args.trials, calls, wall, cpu, decided)
-                if args.per_key:
-                    found, calls, wall, cpu = timed(lambda c: per_key_plan(c, experiment_id, keys), store_uri)
-                    say(f"former per-key plan ({label})", args.trials, calls, wall, cpu, f"{found} runs found")
         finally:
             if server is not None:
                 server.stop()

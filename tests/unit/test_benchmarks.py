@@ -22,12 +22,9 @@ BENCHMARKS = (
     "train_speed",
     "train_throughput",
     "truncation",
-    "sweep_overhead",
     "gpu_sharing",
     "finding",
     "sweep_scale",
-    "trial_end",
-    "compile_cost",
     "trial_fixed_cost",
     "tracking_load",
     "gpu_evidence",
@@ -41,12 +38,9 @@ FIRST_WORK = {
     "train_speed": "prepare_dataset",
     "train_throughput": "matmul_peak_flops",
     "truncation": "error_table",
-    "sweep_overhead": "prepare_dataset",
     "gpu_sharing": "run",
     "finding": "prepare_dataset",
     "sweep_scale": "fill_store",
-    "trial_end": "paper_checkpoint",
-    "compile_cost": "run_side",
     "trial_fixed_cost": "trial_rows",
     "tracking_load": "MlflowServer",
     "gpu_evidence": "Evidence",
@@ -292,20 +286,11 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("truncation", ["--batch-size", "0"], "--batch-size"),
         ("truncation", ["--jitter", "nan"], "--jitter"),
         ("truncation", ["--jitter", "-1"], "--jitter"),
-        ("sweep_overhead", ["--params", "{gpu}", "--variants", "resnet18"], "sweep.resources.cpu: each trial asks"),
         ("truncation", ["--train-epochs", "-1"], "--train-epochs"),
         ("truncation", ["--train-eps", "1"], "--train-eps"),
         ("truncation", ["--train-epochs", "1", "--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("truncation", ["--train-epochs", "1", "--params", "{typo}"], "train.epoch: unknown key"),
-        ("sweep_overhead", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
-        ("sweep_overhead", ["--variants", "nonsense"], "--variants: unknown ['nonsense']"),
-        ("sweep_overhead", ["--epochs", "0"], "--epochs"),
         ("gpu_sharing", ["--counts", "1,0"], "--counts"),
-        ("trial_end", ["--trials", "0"], "--trials"),
-        ("compile_cost", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
-        ("compile_cost", ["--params", PARAMS, "--variants", "resnet18", "nonsense"], "--variants: unknown ['nons"),
-        ("compile_cost", ["--epochs", "0"], "--epochs"),
-        ("compile_cost", ["--pairs", "0"], "--pairs"),
         ("trial_fixed_cost", [], "--tracking-uri sqlite:///"),
         ("trial_fixed_cost", ["--tracking-uri", "sqlite:///{file}.db"], "no such sqlite store"),
         ("tracking_load", ["--concurrent", "0"], "--concurrent"),
@@ -349,9 +334,8 @@ def test_bad_input_is_refused_before_any_work(
 
     monkeypatch.setattr(module, FIRST_WORK[name], work)
     (tmp_path / "typo.yaml").write_text("train:\n  epoch: 3\n")
-    (tmp_path / "big.yaml").write_text("sweep:\n  resources: {cpu: 4096, gpu: 0}\n")
     (tmp_path / "file").write_text("kept")
-    argv = [arg.format(typo=tmp_path / "typo.yaml", file=tmp_path / "file", gpu=tmp_path / "big.yaml") for arg in argv]
+    argv = [arg.format(typo=tmp_path / "typo.yaml", file=tmp_path / "file") for arg in argv]
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_:
         module.main(argv)
@@ -367,30 +351,10 @@ def test_sweep_scale_plans_in_one_store_request(capsys: pytest.CaptureFixture[st
     """At a small size (the figures for 1000 trials and 10,000 runs are in benchmarks/README.md): one search."""
     from benchmarks import sweep_scale
 
-    assert sweep_scale.main(["--trials", "12", "--runs", "60", "--per-key"]) == 0
+    assert sweep_scale.main(["--trials", "12", "--runs", "60"]) == 0
     out = capsys.readouterr().out
     assert "plan (sqlite): 1 store request(s) (search_runs 1) for 12 trials" in out, out
     assert "6 reuse, 0 resume, 6 train" in out
-    assert "former per-key plan (sqlite): 12 store request(s)" in out
-
-
-def test_compile_cost_child_runs_one_whole_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The child side of benchmarks/compile_cost.py (an eager trial: compiling takes a minute on this CPU) trains the
-    params' whole trial and prints its figures as one JSON line; the compiled side is the same code with
-    ``train.compile`` on (its equality with eager: test_loop.py)."""
-    import json
-
-    from benchmarks import compile_cost
-
-    params = yaml.safe_load(Path(PARAMS).read_text())
-    params["model"].update(layers=1, hidden=8, ffn=8)
-    params["data"].update(prepared_dir=str(tmp_path / "prepared"))
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    argv = ["--params", str(tmp_path / "params.yaml"), "--epochs", "1", "--one", "sa_quadratic_9", "eager"]
-    assert compile_cost.main(argv) == 0
-    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert figures["epochs"] == 1 and figures["compile_s"] == 0
-    assert 0 < figures["epochs_s"] < figures["trial_wall_s"] and 0 <= figures["test_acc"] <= 1
 
 
 def test_trial_fixed_cost_splits_a_run_into_start_up_epochs_and_end(
@@ -415,3 +379,63 @@ def test_trial_fixed_cost_splits_a_run_into_start_up_epochs_and_end(
     assert trial_fixed_cost.main(["--tracking-uri", uri]) == 0
     rows = _table(capsys.readouterr().out, "run")
     assert rows == [["sa", "seed", "0", "FINISHED", "3", "15.5", "6.0", "9.5", "5.0", "0.50", "3.0"]]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "benchmarks" / "README.md"
+# Where the docs and the code name benchmarks; benchmarks/results/ holds what past runs printed, left as it was.
+NAMING = ("*.md", "docs/*.md", "benchmarks/*.md", "examples/*", "params.yaml", "params/*.yaml", "Makefile", ".ci/run",
+          "benchmarks/*.py", "pipeline/**/*.py", "stages/*.py", "analysis/**/*.py", "tests/**/*.py")  # fmt: skip
+
+
+def _scripts() -> set[str]:
+    """The modules of benchmarks/ that run as ``python -m benchmarks.<name>`` (they have a ``main``); the others are
+    helpers the scripts share."""
+    folder = ROOT / "benchmarks"
+    return {path.stem for path in folder.glob("*.py") if re.search(r"^def main\(", path.read_text(), re.M)}
+
+
+def _questions() -> dict[str, tuple[str, str]]:
+    """benchmarks/README.md's first table: script -> (the question it answers, the figure it holds)."""
+    section = README.read_text().split("\n## What each script answers\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `benchmarks\.(\w+)` \| ([^|]*) \| (.*) \|$", section, re.M)
+    return {name: (question, figure) for name, question, figure in rows}
+
+
+def test_every_script_answers_a_question_the_readme_states_with_its_figure() -> None:
+    """A script is kept while it answers a standing question: each has its row, a question and a measured figure; a
+    removed one has none (its figure moves to the README's removed scripts, with the commit that measured it)."""
+    questions = _questions()
+    assert set(questions) == _scripts() == set(BENCHMARKS), sorted(set(questions) ^ _scripts())
+    for name, (question, figure) in questions.items():
+        assert question.endswith("?"), f"{name}: its question does not end in '?': {question!r}"
+        assert re.search(r"\d", figure), f"{name}: no figure in {figure!r}"
+    helpers = {path.stem for path in (ROOT / "benchmarks").glob("*.py")} - _scripts() - {"__init__"}
+    assert helpers and all(f"`benchmarks/{name}.py`" in README.read_text() for name in helpers), helpers
+    assert all(f"benchmarks/{path.name}" in README.read_text() for path in (ROOT / "benchmarks").glob("*.sh"))
+
+
+def test_every_script_has_a_smoke_run() -> None:
+    """CI runs every script at its smallest size (here, in test_gpu_evidence.py, or with Ray in the integration
+    tier), so that none rots between two runs of it."""
+    tests = "\n".join(path.read_text() for path in (ROOT / "tests").rglob("test_*.py"))
+    missing = sorted(name for name in _scripts() if not re.search(rf"\b{name}\.main\(|\"benchmarks\.{name}\"", tests))
+    assert not missing, f"no test runs {missing}"
+
+
+def test_every_benchmark_the_docs_name_exists() -> None:
+    """``python -m benchmarks.<name>``, ``benchmarks.<name>`` or ``benchmarks/<name>.py`` wherever the docs, params
+    or code name one: a removed script is named only by its bare name, beside the commit that measured its figure."""
+    named: dict[str, set[str]] = {}
+    for pattern in NAMING:
+        for path in ROOT.glob(pattern):
+            if not path.is_file():
+                continue
+            text = path.read_text(errors="replace")
+            for name in re.findall(r"\bbenchmarks\.([a-z_]\w*)\b", text):
+                named.setdefault(f"{name}.py", set()).add(str(path.relative_to(ROOT)))
+            for name in re.findall(r"\bbenchmarks/(\w+\.(?:py|sh))\b", text):
+                named.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    assert "train_throughput.py" in named  # the scan sees the docs at all
+    missing = {name: sorted(where) for name, where in named.items() if not (ROOT / "benchmarks" / name).is_file()}
+    assert not missing, f"named but not in benchmarks/: {missing}"
