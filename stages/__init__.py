@@ -6,7 +6,10 @@
 - ``transform``  the trained ResNet18 rebuilt as an exactly equal attention network, fine-tuned (``results/transform``)
 - ``analyze``    tables, figures and the report from the manifests' runs (``results/``)
 - ``describe``   the parameter / FLOP table of the paper's models
+- ``submit``     the whole pipeline as one Ray job from a workstation, its outputs and dvc.lock brought back
+- ``pipeline``   what that job runs on the cluster's head (``dvc repro``, then its outputs published)
 - ``ui``         the MLflow UI's address of the last sweep
 - ``_cli``       what every stage shares: parsing conventions, logging, clean failures and exit codes
 - ``_finetune``  what prune and transform share: the sweep's runs checked before any work, the fine-tuning's end
+- ``_job``       what ``submit`` and ``pipeline`` share: the interpreter DVC starts, the bundle of outputs
 """

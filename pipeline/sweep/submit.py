@@ -152,16 +152,13 @@ def job_client(address: str) -> Iterator[object]:
         ) from None
 
 
-def submit(client: object, package: Path, job: SubmittedJob, params_file: Path, verbose: bool) -> str:
-    entrypoint = (
-        f"python -m stages.tune --params {params_file.as_posix()} --as-job {job.submission_id} "
-        f"--git-commit {job.git_commit}{' -v' if verbose else ''}"
-    )
+def submit(client: object, package: Path, job: SubmittedJob, entrypoint: str, stage: str) -> str:
+    """The package as the job's ``working_dir``; the commit in the job's metadata (``stages.pipeline`` reads it)."""
     return client.submit_job(  # type: ignore[attr-defined]
         entrypoint=entrypoint,
         submission_id=job.submission_id,
         runtime_env={"working_dir": str(package), "env_vars": STOP_LIKE_CTRL_C},
-        metadata={"git_commit": job.git_commit, "stage": "tune"},
+        metadata={"git_commit": job.git_commit, "stage": stage},
     )
 
 
@@ -212,7 +209,7 @@ def fetch_outputs(uri: str, experiment: str, submission_id: str, out_dir: Path, 
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             local = client.download_artifacts(parent, f"{OUTPUTS_DIR}/{name}", tmp)
-            write_text_atomic(out_dir / name, Path(local).read_text())
+            write_text_atomic(out_dir / name, Path(local).read_bytes())
     return parent
 
 
@@ -236,7 +233,11 @@ def submit_sweep(
     job = SubmittedJob(f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", git_commit(project_root))
     with tempfile.TemporaryDirectory(prefix="tune-job-") as tmp, job_client(address) as client:
         package = package_job(project_root, prepared, Path(tmp))
-        submit(client, package, job, params_file, verbose)
+        entrypoint = (
+            f"python -m stages.tune --params {params_file.as_posix()} --as-job {job.submission_id} "
+            f"--git-commit {job.git_commit}{' -v' if verbose else ''}"
+        )
+        submit(client, package, job, entrypoint, "tune")
         log.info(
             "submitted job %s to %s (commit %s); following its log (Ctrl-C stops the job)",
             job.submission_id,

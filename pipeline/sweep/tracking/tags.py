@@ -34,6 +34,7 @@ CHECKPOINT_TAG = "tune.checkpoint"  # the checkpoint folder uploaded as the run'
 MODEL_URI_TAG = "model_uri"  # ``models:/<model id>`` of the run's final model (the registry's source)
 NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 DVC_EXP_TAG = "dvc.exp_name"
+GIT_COMMIT_ENV = "PIPELINE_GIT_COMMIT"  # a checkout without .git (a Ray job's working_dir): the commit it was made from
 BASELINE_PARAMS = "params.yaml"  # the committed params a run's name is compared with
 LABEL_CHARS = 90  # a parent run's label beyond this is cut (the runs table shows ~40 characters of a name)
 
@@ -54,7 +55,8 @@ def context_tags() -> dict[str, str]:
 
 
 def git_commit(project_root: Path) -> str:
-    """HEAD's sha, suffixed ``-dirty`` when tracked files differ from it; ``unknown`` outside git."""
+    """HEAD's sha, suffixed ``-dirty`` when tracked files differ from it; outside git, ``$PIPELINE_GIT_COMMIT`` (the
+    whole pipeline as a Ray job: the submitting checkout's commit, ``stages.pipeline``), else ``unknown``."""
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=project_root, capture_output=True, text=True, check=True)
@@ -64,7 +66,7 @@ def git_commit(project_root: Path) -> str:
         sha = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get(GIT_COMMIT_ENV) or "unknown"
     return f"{sha}-dirty" if dirty else sha
 
 
