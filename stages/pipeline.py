@@ -24,7 +24,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,7 +37,7 @@ log = logging.getLogger("stages.pipeline")
 TUNE_MANIFEST = Path("results/tune/manifest.json")  # names the sweep's parent run, which carries the bundle
 
 
-def job_metadata(environ: dict[str, str] | os._Environ = os.environ) -> dict[str, str]:
+def job_metadata(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The metadata of the Ray job this process is the entrypoint of (``job_submission_id``, and what the submitter
     added: ``git_commit``); empty outside a job."""
     return json.loads(environ.get(JOB_CONFIG_ENV) or "{}").get("metadata") or {}

@@ -87,3 +87,16 @@ def test_the_jobs_metadata_from_rays_job_supervisor() -> None:
     config = {"runtime_env": {}, "metadata": {"job_submission_id": "pipeline-1", "git_commit": "abc"}}
     assert job_metadata({JOB_CONFIG_ENV: json.dumps(config)}) == config["metadata"]
     assert job_metadata({}) == {}  # not a Ray job: nothing to publish
+
+
+def test_a_checkout_without_git_records_the_commit_the_job_was_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.sweep.tracking.tags import GIT_COMMIT_ENV, git_commit
+
+    monkeypatch.delenv(GIT_COMMIT_ENV, raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no repository above tmp_path counts
+    assert git_commit(tmp_path) == "unknown"
+    monkeypatch.setenv(GIT_COMMIT_ENV, "abc123-dirty")
+    assert git_commit(tmp_path) == "abc123-dirty"
+    assert git_commit(ROOT) not in ("unknown", "abc123-dirty")  # a checkout's own commit comes first
