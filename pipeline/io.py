@@ -80,13 +80,13 @@ class StorageFaultError(OSError):
         )
 
 
-def write_text_atomic(path: Path, text: str | bytes) -> None:
-    """Write ``text`` (or bytes) to ``path`` through a temporary sibling and a rename (creating the parent folder)."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary sibling and a rename (creating the parent folder)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
+        tmp.write_text(text)
     except OSError as err:
         if err.filename is not None:
             raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -26,7 +27,7 @@ from pathlib import Path
 import pathspec
 
 from pipeline.config import Params
-from pipeline.io import check_tracking_server, write_text_atomic
+from pipeline.io import check_tracking_server
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.session import TOKEN_HELP
 from pipeline.sweep.tracking.store import mlflow_client
@@ -209,7 +210,10 @@ def fetch_outputs(uri: str, experiment: str, submission_id: str, out_dir: Path, 
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             local = client.download_artifacts(parent, f"{OUTPUTS_DIR}/{name}", tmp)
-            write_text_atomic(out_dir / name, Path(local).read_bytes())
+            partial = out_dir / f".{name}.tmp"  # then renamed: a reader never sees half a file (any bytes: a zip)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, partial)
+            partial.replace(out_dir / name)
     return parent
 
 
