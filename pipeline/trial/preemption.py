@@ -14,10 +14,14 @@ Tune's: it is not reported to Tune, so Tune's iteration count, the schedulers an
 The trial then waits for its node to end. The death of a worker on a node drained for preemption is an
 ``ActorDiedError`` with ``preempted=True``, which Tune retries from the trial's last reported checkpoint without
 counting it against ``max_failures`` (``Trial._handle_ray_actor_error``): no ``sweep.max_failures`` is spent. The
-retried trial finds the drain checkpoint continuing that very checkpoint's epoch (``drained_checkpoint``) and finishes
-the epoch from the next batch. Exiting at once instead would be a worker death Ray does not mark as preempted: it
-would count as a failure. A node that outlives its deadline by ``GRACE_S`` (or a drain without a deadline) was not
-taken after all: the trial trains on in place.
+retried trial resumes from the drain checkpoint instead of Tune's (``drained_checkpoint``) and finishes the epoch from
+the next batch. It does so at any ``sweep.checkpoint_interval_s``: Tune's newest checkpoint may lag epochs behind the
+drain's (the epochs between were reported without one), and the drain's is the newer state of the same deterministic
+trial; only one older than Tune's newest (the trial has since checkpointed past it) is stale. The epochs the retry
+skips are in the trial's MLflow run already (the driver logs each epoch once), and the schedulers count the
+reported ``epoch``, not Tune's iterations. Exiting at once instead would be a worker death Ray does not mark as
+preempted: it would count as a failure. A node that outlives its deadline by ``GRACE_S`` (or a drain without a
+deadline) was not taken after all: the trial trains on in place.
 """
 
 from __future__ import annotations
@@ -103,14 +107,14 @@ def save_drain_checkpoint(checkpoint_dir: Path, fs: pafs.FileSystem, trial_path:
 
 
 def drained_checkpoint(fs: pafs.FileSystem, trial_path: str, epoch: int, into: Path) -> Path | None:
-    """The trial's drain checkpoint continuing epoch ``epoch`` (the completed epochs of the checkpoint it would
-    resume from otherwise, 0 for none), downloaded into ``into``; None when there is none for that epoch (a drain
-    checkpoint of an earlier epoch is stale: the trial has reported past it) or it does not load."""
+    """The trial's drain checkpoint when it is at least as far as epoch ``epoch`` (the completed epochs of the
+    checkpoint it would resume from otherwise, 0 for none), downloaded into ``into``; None when there is none, it
+    continues an earlier epoch (stale: the trial has checkpointed past it) or it does not load."""
     if fs.get_file_info(f"{trial_path}/{DRAIN_MARKER}").type != pafs.FileType.File:
         return None
     with fs.open_input_stream(f"{trial_path}/{DRAIN_MARKER}") as stream:
         marker = json.loads(stream.readall())
-    if marker["epoch"] != epoch:
+    if marker["epoch"] < epoch:
         return None
     into.mkdir(parents=True, exist_ok=True)
     pafs.copy_files(
@@ -122,7 +126,7 @@ def drained_checkpoint(fs: pafs.FileSystem, trial_path: str, epoch: int, into: P
     if not checkpoint_loads(into):
         log.warning("drain checkpoint %s/%s does not load; not resuming from it", trial_path, marker["checkpoint"])
         return None
-    log.info("resuming from the drain checkpoint: epoch %d, after batch %d", epoch + 1, marker["steps"])
+    log.info("resuming from the drain checkpoint: epoch %d, after batch %d", marker["epoch"] + 1, marker["steps"])
     return into
 
 

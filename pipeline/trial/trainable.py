@@ -102,7 +102,7 @@ def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, An
         resume_from = on_this_node(config.get("resume_from"), Path(tmp) / "resume_from")
         if checkpoint is not None:  # a copy: Tune may delete old checkpoints (num_to_keep) while we train
             resume_from = restorable_copy(checkpoint, Path(tmp))
-        # A drain checkpoint continuing that checkpoint's epoch (its node was taken mid-epoch) goes further.
+        # A drain checkpoint (its node was taken mid-epoch) at or past that checkpoint's epoch goes further.
         epoch = load_checkpoint(resume_from)["epoch"] if resume_from is not None else 0
         resume_from = drained_checkpoint(fs, trial_path, epoch, Path(tmp) / "drained") or resume_from
         init_from = on_this_node(config.get("init_from"), Path(tmp) / "init_from") if resume_from is None else None

@@ -95,7 +95,9 @@ def gpu_nodes(cluster: LocalCluster) -> Iterator[GpuNodes]:
         wait_for_alive_nodes(cluster, 2, timeout_s=120)  # the other modules expect the session's two nodes
 
 
-def gpu_params(experiment: str, seeds: list[int], *, epochs: int, max_failures: int) -> dict:
+def gpu_params(
+    experiment: str, seeds: list[int], *, epochs: int, max_failures: int, checkpoint_interval_s: float = 0
+) -> dict:
     params = tiny_cluster_params(sqlite_on_cluster=True, system_metrics=False)
     params["tracking"]["experiment"] = experiment
     params["train"]["epochs"] = epochs
@@ -104,6 +106,7 @@ def gpu_params(experiment: str, seeds: list[int], *, epochs: int, max_failures: 
         seeds=seeds,
         max_concurrent_trials=len(seeds),
         max_failures=max_failures,
+        checkpoint_interval_s=checkpoint_interval_s,
         resources={"cpu": 0.25, "gpu": 0.5, "cpu_fallback": True},
     )
     return params
@@ -267,19 +270,22 @@ def drain(cluster: LocalCluster, node: RayNode, notice_s: int) -> float:
     return float(at)
 
 
+@pytest.mark.parametrize("interval_s", [0, 60])
 def test_a_drained_node_costs_seconds_not_an_epoch(
-    cluster: LocalCluster, cluster_project: ClusterProject, gpu_nodes: GpuNodes
+    cluster: LocalCluster, cluster_project: ClusterProject, gpu_nodes: GpuNodes, interval_s: int
 ) -> None:
     """A node drained with 5 s notice mid-epoch, then killed at the deadline: its trial checkpoints at the next batch,
     continues on another node from that batch, and finishes with ``max_failures: 0`` (the preemption is no failure),
-    redoing no batch; today's retry from the last epoch would redo every batch of the epoch so far. A node that dies
+    redoing no batch; a retry from the last epoch would redo every batch of the epoch so far. At
+    ``sweep.checkpoint_interval_s: 60`` Tune holds no checkpoint of epoch 1 (reported without one), so the drain's is
+    the only state to resume from: the retry from Tune's would redo the whole of epoch 1 as well. A node that dies
     on its own before the drain (on a loaded machine its raylet can miss heartbeats, or fate-share with a failed
     dashboard agent) fails the trial before any preemption: that attempt says nothing, and the test starts over once,
     with another seed."""
     epochs, notice_s = 2, 5
-    for seed in (100, 101):
+    for seed in (100 + 2 * interval_s, 101 + 2 * interval_s):  # a trial identity of its own per interval
         started = time.monotonic()  # this attempt's sweep
-        drained = _drain_mid_epoch(cluster, cluster_project, gpu_nodes, seed, epochs, notice_s)
+        drained = _drain_mid_epoch(cluster, cluster_project, gpu_nodes, seed, epochs, notice_s, interval_s)
         if drained is not None:
             break
     else:
@@ -302,24 +308,42 @@ def test_a_drained_node_costs_seconds_not_an_epoch(
     per_epoch = batches_per_epoch(db, run, params_batch_size(cluster_project))
     redone = len(trained) - epochs * per_epoch
     assert redone == 0, f"{len(trained)} batches trained for {epochs} epochs of {per_epoch}"
-    marker = json.loads(Path(runs[run]["ray.trial_path"], "drain_checkpoint.json").read_text())
+    trial_path = Path(runs[run]["ray.trial_path"])
+    marker = json.loads((trial_path / "drain_checkpoint.json").read_text())
     assert marker["epoch"] == 1 and marker["steps"] == len(on_drained) - per_epoch > 0
+    # Tune's checkpoints: one per epoch at interval 0; at 60 only the last epoch's (taken after the retry).
+    tune_checkpoints = sorted(p.name for p in trial_path.glob("checkpoint_*"))
+    assert len(tune_checkpoints) == (epochs if interval_s == 0 else 1), tune_checkpoints
     batch_s = (on_drained[-1].at - on_drained[0].at) / (len(on_drained) - 1)  # as trained, sleep and compute
+    epoch_s = per_epoch * batch_s
+    lost = redone / per_epoch  # training lost: the batches trained twice
+    assert lost < 0.1, f"lost {lost:.0%} of an epoch"
+    resumed = next(b for b in trained if b.at > notice.at)  # the retry's first batch, on another node
+    assert resumed.node != node.node_id
+    without = marker["steps"] + (per_epoch if interval_s else 0)  # what a retry from Tune's checkpoint redoes
     print(
-        f"sweep of {seconds:.0f} s; drained with {notice_s} s notice: checkpoint {notice.at - drained_at:.1f} s "
-        f"after the notice, at batch {marker['steps']} of {per_epoch} of epoch 2 ({per_epoch * batch_s:.1f} s "
-        f"epochs); work lost: {redone} batches redone, {redone / per_epoch:.0%} of an epoch; today's retry from the "
-        f"last epoch would redo {marker['steps']} batches ({marker['steps'] / per_epoch:.0%} of an epoch, "
-        f"{marker['steps'] * batch_s:.1f} s)"
+        f"interval {interval_s} s: sweep of {seconds:.0f} s; drained with {notice_s} s notice: checkpoint "
+        f"{notice.at - drained_at:.1f} s after the notice, at batch {marker['steps']} of {per_epoch} of epoch 2 "
+        f"({epoch_s:.1f} s epochs); lost {lost:.1%} of an epoch ({redone} batches redone), trained again "
+        f"{resumed.at - notice.at:.1f} s after the checkpoint (the deadline, then the retry's start); a retry from "
+        f"Tune's checkpoint would redo {without} batches ({without / per_epoch:.0%} of an epoch, "
+        f"{without * batch_s:.1f} s)"
     )
 
 
 def _drain_mid_epoch(
-    cluster: LocalCluster, cluster_project: ClusterProject, gpu_nodes: GpuNodes, seed: int, epochs: int, notice_s: int
+    cluster: LocalCluster,
+    cluster_project: ClusterProject,
+    gpu_nodes: GpuNodes,
+    seed: int,
+    epochs: int,
+    notice_s: int,
+    interval_s: int,
 ) -> tuple[RayNode, float] | None:
     """One sweep of one trial whose node is drained a few batches into epoch 2 and killed at the deadline: the node and
     when the drain was accepted; None when a node died on its own before the drain (replaced, the stage stopped)."""
-    cluster_project.write_params(gpu_params("it-gpu-drain", [seed], epochs=epochs, max_failures=0))
+    params = gpu_params("it-gpu-drain", [seed], epochs=epochs, max_failures=0, checkpoint_interval_s=interval_s)
+    cluster_project.write_params(params)
     gpu_nodes.pace(sleep_s=DRAIN_SLEEP_S)
     db = cluster_project.path / "mlflow.db"
     stage, node, drained_at = start_stage(cluster, cluster_project), None, 0.0

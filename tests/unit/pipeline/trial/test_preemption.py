@@ -72,16 +72,20 @@ def _mid_epoch_checkpoint(directory: Path, epoch: int, steps: int) -> Path:
     return directory
 
 
-def test_the_drain_checkpoint_continues_only_its_own_epoch(tmp_path: Path) -> None:
+def test_the_drain_checkpoint_is_resumed_unless_tune_checkpointed_past_it(tmp_path: Path) -> None:
     fs, trial = pafs.LocalFileSystem(), str(tmp_path / "trial")
     marker = save_drain_checkpoint(_mid_epoch_checkpoint(tmp_path / "local", 2, 7), fs, trial)
     assert marker == {"epoch": 2, "steps": 7, "checkpoint": "drain_checkpoint_e2_s7"}
     assert (tmp_path / "trial" / DRAIN_MARKER).is_file()
     found = drained_checkpoint(fs, trial, 2, tmp_path / "down")
     assert found is not None and torch.load(found / CHECKPOINT_FILE)["epoch_progress"]["steps"] == 7
-    # Tune's newest checkpoint is past it (epoch 3 reported) or before it (an older checkpoint): not this one.
+    # Tune's newest checkpoint lags behind (sweep.checkpoint_interval_s > 0: epochs reported without one, or none
+    # yet): the drain's is the newer state of the trial and wins.
+    for lagging in (1, 0):
+        found = drained_checkpoint(fs, trial, lagging, tmp_path / f"lagging-{lagging}")
+        assert found is not None and torch.load(found / CHECKPOINT_FILE)["epoch"] == 2
+    # Tune's newest checkpoint is past it (epoch 3 done since): stale.
     assert drained_checkpoint(fs, trial, 3, tmp_path / "later") is None
-    assert drained_checkpoint(fs, trial, 1, tmp_path / "earlier") is None
     assert drained_checkpoint(fs, str(tmp_path / "no-trial"), 2, tmp_path / "none") is None
 
 
