@@ -1,4 +1,5 @@
-"""What a multi-node cluster must offer before a sweep starts, proved on every alive node before any MLflow run exists.
+"""What a multi-node cluster must offer before a sweep starts, proved on every alive node before any MLflow run exists;
+nodes that join later (an autoscaler's) are checked by the trials that run on them (``late_node_check``).
 
 - **Shared storage**: Ray (since 2.7) never copies checkpoints between nodes, so every node must see
   ``sweep.storage_path``; the probe: the driver writes a marker, a task pinned to each node reads it and writes its
@@ -19,25 +20,41 @@ from pipeline.config import Params
 from pipeline.sweep.identity import PROJECT_ROOT, code_hash
 from pipeline.sweep.session import code_runtime_env
 from pipeline.sweep.storage import StoragePath
+from pipeline.trial.node_check import MARKER, SHARED_HELP, NodeCheck
 
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 120.0  # a node's first task sets up the runtime env (unpacks the code): seconds, more on a busy node
-SHARED_HELP = (
-    "on a multi-node cluster it must be one file system mounted at the same path on every node (NFS, EFS, Lustre, "
-    "a CephFS mount) or a bucket every node can reach with its own credentials (s3://bucket/ray), so trials can "
-    "write and restore their checkpoints anywhere"
-)
+
+
+def store_refusal(params: Params, uri: str, why: str) -> str | None:
+    """Why an sqlite tracking store cannot serve a sweep spread over several nodes (``why``), unless the user insists;
+    None when it can."""
+    if not uri.startswith("sqlite") or params.tracking.sqlite_on_cluster:
+        return None
+    return (
+        f"tracking.uri: {uri} is a file on this machine only, and {why}; run one `mlflow server` every machine can "
+        "reach and set tracking.uri to its http:// address (docs/cluster.md, One MLflow server), or set "
+        "tracking.sqlite_on_cluster: true to keep the runs on this machine anyway"
+    )
 
 
 def check_tracking_store(params: Params, uri: str, nodes: int) -> None:
     """Refuse an sqlite tracking store for a sweep spread over several nodes, unless the user insists."""
-    if uri.startswith("sqlite") and not params.tracking.sqlite_on_cluster:
-        raise ValueError(
-            f"tracking.uri: {uri} is a file on this machine only, and the cluster has {nodes} nodes; run one "
-            "`mlflow server` every machine can reach and set tracking.uri to its http:// address (docs/cluster.md, "
-            "One MLflow server), or set tracking.sqlite_on_cluster: true to keep the runs on this machine anyway"
-        )
+    if refusal := store_refusal(params, uri, f"the cluster has {nodes} nodes"):
+        raise ValueError(refusal)
+
+
+def late_node_check(params: Params, experiment: StoragePath, uri: str) -> NodeCheck:
+    """For the trials to check their own node (``pipeline.trial.node_check``): a fresh token in the experiment folder,
+    and the driver's node (ray is connected). A node that joins after ``check_cluster`` is checked by its trials."""
+    import ray
+
+    token = uuid.uuid4().hex
+    experiment.mkdir()
+    (experiment / MARKER).write_text(token)
+    refusal = store_refusal(params, uri, "the sweep's trials run on other nodes")
+    return NodeCheck(token, str(experiment.parent), ray.get_runtime_context().get_node_id(), refusal)
 
 
 def node_view(storage: StoragePath, marker: str, token: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ray.tune.search import BasicVariantGenerator
 
 from pipeline.config import Params
 from pipeline.data.prepared import PreparedData
+from pipeline.sweep.cluster import late_node_check
 from pipeline.sweep.identity import code_hash
 from pipeline.sweep.manifest import METRIC, MODE
 from pipeline.sweep.progress import progress_reporter
@@ -104,7 +105,12 @@ def build_tuner(
         else None
     )
     trainable = tune.with_parameters(
-        train_with_system_metrics, data=data, params_json=params_json, code_version=code_hash(), system_metrics=target
+        train_with_system_metrics,
+        data=data,
+        params_json=params_json,
+        code_version=code_hash(),
+        node_check=late_node_check(params, path, callback.parent.tracking_uri),  # nodes that join later
+        system_metrics=target,
     )
     trainable.__name__ = train_trial.__name__
     trainable = tune.with_resources(trainable, resources)

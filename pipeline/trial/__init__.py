@@ -8,5 +8,6 @@
 - ``report``        the contract with the driver: the per-epoch report's keys and the checkpoint's files
 - ``code_version``  the trial code declared and hashed, and the trial's check that it runs the driver's code
 - ``preemption``    a drain notice seen between batches: a mid-epoch checkpoint, the trial continues elsewhere
+- ``node_check``    the cluster preflight made again on a trial's node (nodes that joined after the sweep began)
 - ``trainable``     the Ray Tune adapter around ``run_trial``
 """

@@ -26,6 +26,7 @@ from pipeline.trial.checkpoint import checkpoint_loads, load_checkpoint
 from pipeline.trial.code_version import check_trial_code
 from pipeline.trial.device import device_tags, gpu_tags, trial_train_config
 from pipeline.trial.loop import DivergedError, run_trial
+from pipeline.trial.node_check import NodeCheck, check_node
 from pipeline.trial.preemption import DrainWatch, drained_checkpoint, save_drain_checkpoint
 from pipeline.trial.report import ETA_KEY, UNRETRYABLE_FILE, WHERE_KEY, UnretryableTrialError
 
@@ -40,7 +41,11 @@ class InjectedFailure(RuntimeError):
 
 
 def train_trial(
-    config: dict[str, Any], data: PreparedData, params_json: dict[str, Any], code_version: str | None = None
+    config: dict[str, Any],
+    data: PreparedData,
+    params_json: dict[str, Any],
+    code_version: str | None = None,
+    node_check: NodeCheck | None = None,
 ) -> None:
     """One Tune trial: typed config from the trial's dict, resume from Tune's checkpoint, report every epoch.
 
@@ -51,13 +56,22 @@ def train_trial(
     retried or restored trial resumes from its own (Tune's) checkpoint instead. A failure a retry cannot fix
     (divergence, a config the trial cannot run) is recorded in the trial's storage folder and raised as
     ``UnretryableTrialError``; Tune's retries of the trial then raise it again at once instead of training to the
-    same failure. ``code_version`` (the driver's trial code hash) fails a trial that imports other code.
+    same failure. ``code_version`` (the driver's trial code hash) fails a trial that imports other code;
+    ``node_check`` one on a node that does not share the sweep's storage or tracking store (a node that joined after
+    the driver's preflight: ``pipeline.trial.node_check``).
     """
     check_trial_code(code_version)  # the driver's pipeline.sweep.identity.code_hash()
     # Ray's storage module logs every checkpoint it persists at INFO, and the worker's log reaches the driver's
     # console: a line per trial per epoch that buries the progress table. Failures still log as warnings.
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
     storage = tune.get_context().get_storage()
+    node = ray.get_runtime_context().get_node_id()
+    try:
+        check_node(
+            node_check, storage.storage_filesystem, storage.experiment_fs_path, node, ray.util.get_node_ip_address()
+        )
+    except ValueError as err:  # not recorded as unretryable: the storage is what this node cannot use
+        raise UnretryableTrialError(str(err)) from None
     marker = f"{storage.trial_fs_path}/{UNRETRYABLE_FILE}"
     if storage.storage_filesystem.get_file_info(marker).type == FileType.File:
         with storage.storage_filesystem.open_input_stream(marker) as stream:

@@ -186,6 +186,65 @@ def test_storage_a_node_does_not_share_is_refused(
         wait_for_alive_nodes(cluster, 2)
 
 
+def test_a_node_that_joins_after_the_preflight_and_does_not_share_the_storage_fails_its_trial(
+    cluster: LocalCluster, cluster_project: ClusterProject, tmp_path: Path
+) -> None:
+    """A cluster that grows after the sweep started (an autoscaler adding GPU workers): the preflight probed the two
+    nodes there were, which share the storage; the trial, which needs a GPU none of them has, waits for the GPU node
+    that joins later, whose view of the storage is a private tmpfs. The trial checks its own node and fails with the
+    preflight's message, before training."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to give one node a private mount over the storage path")
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    mount = ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"']
+    if subprocess.run([*mount, str(storage), "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a private mount here (needs root or user namespaces)")
+    params = tiny_cluster_params(sqlite_on_cluster=True)
+    params["tracking"]["experiment"] = "it-cluster-late-node"
+    params["sweep"].update(
+        storage_path=str(storage),
+        variants=["resnet18"],
+        max_failures=0,
+        resources={"cpu": 1, "gpu": 1, "cpu_fallback": True},
+    )
+    cluster_project.write_params(params)
+    started = time.monotonic()
+    stage = subprocess.Popen(
+        [sys.executable, "-m", "stages.tune"],
+        cwd=cluster_project.path,
+        env=cluster.driver_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    node = None
+    try:
+        deadline = time.monotonic() + 180
+        while not list(storage.glob("tune-*/.node-check")):  # the sweep's Tuner is built: the preflight is over
+            assert stage.poll() is None and time.monotonic() < deadline, "the sweep never started"
+            time.sleep(0.5)
+        node = cluster.start_node("worker", cluster.address, [*mount, str(storage)], gpus=1)
+        cluster.extra.append(node)
+        output, _ = stage.communicate(timeout=300)
+    finally:
+        if stage.poll() is None:
+            stage.kill()
+        if node is not None:
+            node.stop()
+            cluster.extra.remove(node)
+        cluster_project.write_params(tiny_cluster_params())
+    seconds = time.monotonic() - started
+    assert stage.returncode != 0, output[-4000:]
+    message = f"sweep.storage_path: {storage} is not shared: node 127.0.0.1 ({node.node_id[:8]}) does not see"
+    assert message in output, output[-6000:]
+    manifest = json.loads((cluster_project.path / "results/tune/manifest.json").read_text())
+    [trial] = manifest["trials"]
+    assert trial["status"] != "finished"
+    print(f"the late node's trial failed in {seconds:.0f} s (the sweep's start included): {message}")
+    wait_for_alive_nodes(cluster, 2, timeout_s=120)
+
+
 def test_a_worker_node_killed_mid_trial(cluster: LocalCluster, cluster_project: ClusterProject) -> None:
     """SIGKILL of every process of the worker node while its trial trains: the trial finishes on the head from its
     last checkpoint, in the same run, each epoch logged once, and the run names both nodes it ran on."""
