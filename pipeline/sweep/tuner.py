@@ -29,7 +29,7 @@ from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.callback import MlflowTrialCallback
 from pipeline.sweep.tracking.parent import parent_finished
 from pipeline.sweep.tracking.system_metrics import MetricsTarget, train_with_system_metrics
-from pipeline.sweep.worker_deaths import count_worker_deaths_as_failures
+from pipeline.sweep.worker_deaths import count_drained_sigterm_as_preemption, count_worker_deaths_as_failures
 from pipeline.trial.trainable import train_trial
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ def build_tuner(
     # user's value wins).
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     count_worker_deaths_as_failures()  # a worker the memory monitor kills costs its trial one attempt, not the sweep
+    count_drained_sigterm_as_preemption()  # a node drained by Ray's SIGTERM handler costs no attempt
     reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")

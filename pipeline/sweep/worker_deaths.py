@@ -6,6 +6,13 @@ experiment ("Caught unexpected exception"). Ray's memory monitor is the common c
 with ``OutOfMemoryError``, neither kind. ``count_worker_deaths_as_failures`` makes the manager treat such an error as
 the actor's death, which it is: one failed attempt, retried from the checkpoint or failed when ``max_failures`` are
 spent; the original error stays in the message. Applied once per driver process; it never changes a result.
+
+``count_drained_sigterm_as_preemption`` covers the other side: a node whose ``ray start --block`` gets SIGTERM
+(Kubernetes deleting its pod) is drained for preemption by Ray's own handler, and its trials write their drain
+checkpoints, but Ray 2.60 then stops the raylet with SIGTERM and reports the trials' deaths as an expected
+termination ("received SIGTERM"), not ``preempted``, so Tune would count a failure for a death that lost no
+training. A trial whose worker died that way after it wrote a drain checkpoint (newer than its last report) is not
+counted, as a preempted one is not.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 log = logging.getLogger(__name__)
 
 LOST = "the trial's Ray worker was lost"
+SIGTERMED = "received SIGTERM"  # in the death of an actor whose node's raylet was stopped by SIGTERM (Ray 2.60)
 
 
 def as_actor_death(exception: BaseException) -> BaseException:
@@ -44,3 +52,39 @@ def count_worker_deaths_as_failures() -> None:
 
     _actor_task_failed.counts_worker_deaths = True  # type: ignore[attr-defined]
     RayActorManager._actor_task_failed = _actor_task_failed
+
+
+def drained_then_stopped(error: RayActorError, fs: Any, trial_fs_path: str, last_report: float) -> bool:
+    """Whether the actor died with its node stopped by SIGTERM after the trial wrote a drain checkpoint: the drain
+    marker in its storage folder ``trial_fs_path`` (on ``fs``) is newer than its last report (``time.time()``)."""
+    import pyarrow.fs as pafs
+
+    from pipeline.trial.preemption import DRAIN_MARKER
+
+    if error.preempted or SIGTERMED not in str(error):
+        return False
+    try:
+        info = fs.get_file_info(f"{trial_fs_path}/{DRAIN_MARKER}")
+    except OSError:
+        return False
+    return info.type == pafs.FileType.File and info.mtime is not None and info.mtime.timestamp() >= last_report
+
+
+def count_drained_sigterm_as_preemption() -> None:
+    """Patch Ray Tune's ``Trial`` (once) so a death ``drained_then_stopped`` counts as no failure (module docstring)."""
+    from ray.tune.experiment.trial import Trial
+
+    original = Trial._handle_ray_actor_error
+    if getattr(original, "drain_aware", False):
+        return
+
+    @functools.wraps(original)
+    def _handle_ray_actor_error(self: Trial, exc: RayActorError) -> None:
+        last_report = float((self.last_result or {}).get("timestamp", 0))
+        if drained_then_stopped(exc, self.storage.storage_filesystem, self.storage.trial_fs_path, last_report):
+            log.info("%s: its node was drained, then stopped by SIGTERM: a preemption, not a failure", self)
+            return
+        original(self, exc)
+
+    _handle_ray_actor_error.drain_aware = True  # type: ignore[attr-defined]
+    Trial._handle_ray_actor_error = _handle_ray_actor_error

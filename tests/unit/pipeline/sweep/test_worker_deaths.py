@@ -51,3 +51,35 @@ def test_other_errors_pass_unchanged() -> None:
     died, raised = RayActorError(error_msg="died"), RayTaskError("train", "Traceback ...", ValueError("x"))
     assert as_actor_death(died) is died and as_actor_death(raised) is raised
     assert as_actor_death(KeyError("x")).__class__ is KeyError
+
+
+def test_a_death_after_a_drain_checkpoint_and_a_sigterm_is_a_preemption(tmp_path) -> None:
+    """Ray 2.60's SIGTERM handler drains the node, then stops its raylet: the trial's death reads "received SIGTERM"
+    and is not ``preempted``. With the trial's drain marker newer than its last report it counts no failure; without
+    the marker, with an older one or another death it counts as before."""
+    import time
+
+    import pyarrow.fs as pafs
+
+    from pipeline.sweep.worker_deaths import SIGTERMED, drained_then_stopped
+    from pipeline.trial.preemption import DRAIN_MARKER
+
+    fs, trial = pafs.LocalFileSystem(), str(tmp_path)
+    stopped = RayActorError(error_msg=f"The actor died because its node has died; terminated expectedly: {SIGTERMED}")
+    before = time.time() - 5
+    assert not drained_then_stopped(stopped, fs, trial, before)  # no drain checkpoint: a plain SIGTERM
+    (tmp_path / DRAIN_MARKER).write_text("{}")
+    assert drained_then_stopped(stopped, fs, trial, before)
+    assert not drained_then_stopped(stopped, fs, trial, time.time() + 5)  # reported since: the marker is stale
+    assert not drained_then_stopped(RayActorError(error_msg="died"), fs, trial, before)  # a crash, a SIGKILL
+
+
+def test_the_drain_patch_wraps_trial_once() -> None:
+    from ray.tune.experiment.trial import Trial
+
+    from pipeline.sweep.worker_deaths import count_drained_sigterm_as_preemption
+
+    count_drained_sigterm_as_preemption()
+    count_drained_sigterm_as_preemption()
+    assert Trial._handle_ray_actor_error.drain_aware
+    assert not hasattr(Trial._handle_ray_actor_error.__wrapped__, "__wrapped__")
