@@ -20,7 +20,8 @@ from torch import Tensor
 
 from analysis.gaussian_locality import conv_like, gaussian_locality
 from pipeline.models.attention import MultiHeadSelfAttention
-from pipeline.models.positional import GeneralizedQuadraticEncoding, relative_offsets
+from pipeline.models.generalized_quadratic import GeneralizedQuadraticEncoding
+from pipeline.models.positional import relative_offsets
 from pipeline.models.sa_net import SelfAttentionNet
 from pipeline.trial.locality import PEAK_MARGIN, head_locality
 from pipeline.trial.report import LOCALITY_METRICS

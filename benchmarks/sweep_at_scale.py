@@ -161,11 +161,14 @@ def run_bare(params: Params, data: PreparedData, root: Path) -> Side:
     callback, no MLflow."""
     from ray import tune
 
-    from pipeline.sweep.identity import code_hash
+    from pipeline.sweep.identity import trial_codes
     from pipeline.trial.trainable import train_trial
 
     trainable = tune.with_parameters(
-        train_trial, data=data, params_json=params.model_dump(mode="json"), code_version=code_hash()
+        train_trial,
+        data=data,
+        params_json=params.model_dump(mode="json"),
+        code_version=trial_codes(params, [VARIANT]),
     )
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     tuner = tune.Tuner(

@@ -64,14 +64,14 @@ _GAUSSIAN_INIT = {
 
 ENCODINGS: dict[str, EncodingSpec] = {
     "quadratic": EncodingSpec(
-        target="pipeline.models.positional:QuadraticEncoding",
+        target="pipeline.models.quadratic:QuadraticEncoding",
         label="quadratic",
         summary="isotropic Gaussian scores around a learned centre per head (Eq. 9)",
         fields=_GAUSSIAN_INIT,
         gaussian=True,
     ),
     "generalized_quadratic": EncodingSpec(
-        target="pipeline.models.positional:GeneralizedQuadraticEncoding",
+        target="pipeline.models.generalized_quadratic:GeneralizedQuadraticEncoding",
         label="quadratic generalized",
         summary="Gaussian scores with a full learned Sigma^-1 per head (App. A.1)",
         fields=_GAUSSIAN_INIT,
@@ -79,7 +79,7 @@ ENCODINGS: dict[str, EncodingSpec] = {
         pruned_by_default=True,
     ),
     "learned": EncodingSpec(
-        target="pipeline.models.positional:LearnedRelativeEncoding",
+        target="pipeline.models.learned:LearnedRelativeEncoding",
         label="learned",
         summary="learned row and column shift embeddings dotted with a vector per head (Sec. 4.3)",
         # width of each of the row and column shift embeddings (authors' code: 400 each)

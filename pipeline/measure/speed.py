@@ -19,7 +19,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.models.positional import GeneralizedQuadraticEncoding, QuadraticEncoding
+from pipeline.models.generalized_quadratic import GeneralizedQuadraticEncoding
+from pipeline.models.quadratic import QuadraticEncoding
 from pipeline.trial.device import autocast, synchronize
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,10 @@
 """Models of the paper: the self-attention classifier, its positional encodings, ResNet18, and Theorem 1.
 
-- ``positional``         the paper's relative positional encodings that are the attention scores
+- ``positional``         the interface of the relative positional encodings that are the attention scores
+- ``gaussian``           Gaussian heads (a centre and a ``Sigma^-1`` each), shared by the two quadratic encodings
+- ``quadratic``          the paper's quadratic encoding (Eq. 9)
+- ``generalized_quadratic`` the quadratic encoding with a full ``Sigma^-1`` per head (App. A.1)
+- ``learned``            the learned relative encoding (Sec. 4.3)
 - ``attention``          multi-head self-attention with position-only scores (Eq. 9-11), heads at full width
 - ``content``            beyond the paper: content (query-key) scores added to any encoding's (``model.content``)
 - ``gpsa``               beyond the paper: ConViT's gated positional self-attention, started as a convolution
@@ -12,11 +16,15 @@
 - ``transformed_resnet`` Theorem 1 on a whole ResNet18: every 3x3 convolution as attention
 - ``pruning``            which Gaussian heads are degenerate, and removing them
 
-``build_model(cfg)`` below builds the model a ``ModelConfig`` describes.
+``build_model(cfg)`` below builds the model a ``ModelConfig`` describes. Each encoding is the registry's
+(``pipeline.encodings``) and each architecture beside the self-attention net is ``ARCHITECTURES``'s: both are named,
+imported only when built, so a trial's code identity (``pipeline.trial.code_version``) counts only the modules of the
+model it builds.
 """
 
 from __future__ import annotations
 
+import importlib
 from numbers import Integral
 
 from torch import nn
@@ -26,6 +34,14 @@ from pipeline.encodings import spec_for
 from pipeline.models.kinds import attention_class, layer_encoding
 from pipeline.models.local_attention import localise_attention
 from pipeline.models.sa_net import SelfAttentionNet
+
+# The model class of each architecture but the self-attention net, as ``module:Class``: imported only when one is built
+# (torchvision costs ~1.3 s to import). A literal: the trial code identity reads it without importing this package.
+# t_resnet18's weights come from a converted ResNet18's checkpoint (pipeline.models.transformed_resnet).
+ARCHITECTURES = {
+    "resnet18": "pipeline.models.resnet:ResNet18",
+    "t_resnet18": "pipeline.models.transformed_resnet:TransformedResNet18",
+}
 
 
 def build_model(
@@ -41,14 +57,10 @@ def build_model(
     ``heads_per_layer`` overrides ``cfg.heads`` layer by layer (a pruned model); its length must be ``cfg.layers``,
     and a layer may have 0 heads (pruned to its value bias, see ``pipeline.models.attention``).
     """
-    if cfg.arch == "resnet18":
-        from pipeline.models.resnet import ResNet18  # torchvision costs ~1.3 s to import: only when a ResNet is built
-
-        return ResNet18(num_classes=num_classes, in_channels=in_channels, width=cfg.resnet_width)
-    if cfg.arch == "t_resnet18":  # the architecture only: its weights come from a converted ResNet18's checkpoint
-        from pipeline.models.transformed_resnet import TransformedResNet18
-
-        return TransformedResNet18(num_classes=num_classes, in_channels=in_channels, width=cfg.resnet_width)
+    if cfg.arch in ARCHITECTURES:
+        module, name = ARCHITECTURES[cfg.arch].split(":")
+        network = getattr(importlib.import_module(module), name)
+        return network(num_classes=num_classes, in_channels=in_channels, width=cfg.resnet_width)
     heads = heads_per_layer if heads_per_layer is not None else [cfg.heads] * cfg.layers
     if len(heads) != cfg.layers:
         raise ValueError(f"heads_per_layer has {len(heads)} entries for {cfg.layers} layers")
@@ -76,4 +88,4 @@ def build_model(
     return model
 
 
-__all__ = ["SelfAttentionNet", "build_model"]
+__all__ = ["ARCHITECTURES", "SelfAttentionNet", "build_model"]

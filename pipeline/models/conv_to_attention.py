@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipeline.models.attention import MultiHeadSelfAttention
-from pipeline.models.positional import QuadraticEncoding
+from pipeline.models.quadratic import QuadraticEncoding
 
 DEFAULT_ALPHA = 50.0  # leak exp(-50) ~ 2e-22 per neighbour: below float64 rounding for unit-scale inputs
 

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.models.content import ContentPositionSelfAttention
-from pipeline.models.positional import QuadraticEncoding
+from pipeline.models.quadratic import QuadraticEncoding
 
 
 def local_init_centres(num_heads: int) -> Tensor:

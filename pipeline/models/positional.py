@@ -1,17 +1,14 @@
-"""Relative positional encodings that *are* the attention scores (Cordonnier et al. 2020, Sec. 3-4).
+"""The interface of the relative positional encodings that *are* the attention scores (Cordonnier et al., Sec. 3-4).
 
 Each encoding owns its per-head parameters and returns per-head scores over relative shifts
 ``delta = key - query`` on a 2D grid of tokens, shape (H, N, N) with N = rows * cols. Scores depend on positions
 only, never on the content of the pixels (point (iii) of Sec. 4.3), so one (H, N, N) tensor serves a whole batch.
 
-- ``QuadraticEncoding`` (Eq. 9, isotropic Gaussian): ``-1/2 s^2 ||delta - Delta||^2`` (the paper's alpha = s^2 / 2).
-- ``GeneralizedQuadraticEncoding`` (App. A.1, Eq. 16): ``-1/2 (delta - Delta)^T Sigma^-1 (delta - Delta)`` with
-  ``Sigma^-1 = S S^T`` so Sigma stays positive semi-definite.
-- ``LearnedRelativeEncoding`` (Sec. 4.3): a head vector dotted with learned row-shift and column-shift embeddings.
-
-Each class is registered, with the config fields it takes, in ``pipeline.encodings.ENCODINGS``; adding an encoding
-means adding a class (here or in a module of its own) and one entry there, and the attention layer does not change.
-An encoding is built as ``cls(num_heads, max_grid=..., **its declared fields)``.
+Each encoding is one class in a module of its own, registered with the config fields it takes in
+``pipeline.encodings.ENCODINGS``: ``quadratic`` (Eq. 9), ``generalized_quadratic`` (App. A.1, both on ``gaussian``'s
+shared Gaussian heads) and ``learned`` (Sec. 4.3). Adding an encoding means adding a module and one entry there; the
+attention layer does not change, and a trial's code identity counts only its own encoding's module
+(``pipeline.trial.code_version``). An encoding is built as ``cls(num_heads, max_grid=..., **its declared fields)``.
 """
 
 from __future__ import annotations
@@ -74,113 +71,6 @@ class PositionalEncoding(nn.Module):
             cache.clear()  # one grid at a time in practice; keep the cache from growing across devices/dtypes
             cache[key] = relative_offsets(*grid, device=like.device).to(like.dtype)
         return cache[key]
-
-
-def _keep_rows(param: nn.Parameter, keep: list[int]) -> nn.Parameter:
-    return nn.Parameter(param.detach()[keep].clone(), requires_grad=param.requires_grad)
-
-
-class _GaussianEncoding(PositionalEncoding):
-    """Shared by the two quadratic encodings: a learned centre Delta per head and a precision ``Sigma^-1``."""
-
-    def __init__(self, num_heads: int, centre_init_std: float, max_grid: int | None = None) -> None:
-        del max_grid  # a Gaussian's scores are defined on any grid
-        super().__init__()
-        self.num_heads = num_heads
-        self.centres = nn.Parameter(torch.randn(num_heads, 2) * centre_init_std)  # Delta, (H, 2)
-
-    def sigma_inv(self, dtype: torch.dtype | None = None) -> Tensor:  # (H, 2, 2), in ``dtype`` (default: the params')
-        raise NotImplementedError
-
-    def scores(self, grid: tuple[int, int]) -> Tensor:
-        delta = self._offsets(grid, self.centres)  # (N, N, 2)
-        diff = delta[None] - self.centres[:, None, None, :]  # (H, N, N, 2)
-        # -1/2 (delta - Delta)^T Sigma^-1 (delta - Delta), per head and query/key pair
-        return -0.5 * torch.einsum("hqki,hij,hqkj->hqk", diff, self.sigma_inv(), diff)
-
-    def head_geometry(self) -> dict[str, Tensor]:
-        """``Sigma^-1`` in float64: a stripe's small eigenvalue lies below float32's resolution of its large one, so
-        ``S S^T`` in float32 gives condition numbers of 1e7-1e8 whatever the truth (and the pruning rule reads them)."""
-        return {"centres": self.centres.detach(), "sigma_inv": self.sigma_inv(torch.float64).detach()}
-
-
-class QuadraticEncoding(_GaussianEncoding):
-    """Isotropic Gaussian attention (Eq. 9): one centre and one spread ``s`` per head, ``Sigma^-1 = s^2 I``."""
-
-    def __init__(
-        self, num_heads: int, centre_init_std: float = 2.0, spread_init_std: float = 0.01, max_grid: int | None = None
-    ) -> None:
-        super().__init__(num_heads, centre_init_std, max_grid)
-        self.spreads = nn.Parameter(1.0 + torch.randn(num_heads) * spread_init_std)  # s, (H,)
-
-    def sigma_inv(self, dtype: torch.dtype | None = None) -> Tensor:
-        spreads = self.spreads.to(dtype or self.spreads.dtype)
-        eye = torch.eye(2, dtype=spreads.dtype, device=spreads.device)
-        return spreads.square()[:, None, None] * eye  # (H, 2, 2)
-
-    def scores(self, grid: tuple[int, int]) -> Tensor:
-        # Same value as the generic quadratic form, without the 2x2 contraction.
-        delta = self._offsets(grid, self.centres)  # (N, N, 2)
-        sq_dist = (delta[None] - self.centres[:, None, None, :]).square().sum(-1)  # (H, N, N)
-        return -0.5 * self.spreads.square()[:, None, None] * sq_dist
-
-    def prune(self, keep: list[int]) -> None:
-        self.centres = _keep_rows(self.centres, keep)
-        self.spreads = _keep_rows(self.spreads, keep)
-        self.num_heads = len(keep)
-
-
-class GeneralizedQuadraticEncoding(_GaussianEncoding):
-    """Non-isotropic Gaussian attention (App. A.1): ``Sigma^-1 = S S^T`` with a learned 2x2 ``S`` per head."""
-
-    def __init__(
-        self, num_heads: int, centre_init_std: float = 2.0, spread_init_std: float = 0.01, max_grid: int | None = None
-    ) -> None:
-        super().__init__(num_heads, centre_init_std, max_grid)
-        self.sqrt_sigma_inv = nn.Parameter(torch.eye(2) + torch.randn(num_heads, 2, 2) * spread_init_std)  # S
-
-    def sigma_inv(self, dtype: torch.dtype | None = None) -> Tensor:
-        s = self.sqrt_sigma_inv.to(dtype or self.sqrt_sigma_inv.dtype)  # (H, 2, 2)
-        return s @ s.transpose(-1, -2)  # (H, 2, 2)
-
-    def prune(self, keep: list[int]) -> None:
-        self.centres = _keep_rows(self.centres, keep)
-        self.sqrt_sigma_inv = _keep_rows(self.sqrt_sigma_inv, keep)
-        self.num_heads = len(keep)
-
-
-class LearnedRelativeEncoding(PositionalEncoding):
-    """Learned relative positions (Sec. 4.3): score = w_row(h) . E_row[dr] + w_col(h) . E_col[dc].
-
-    As in the authors' code, each half embeds shifts in ``-(G-1)..(G-1)`` with ``learned_dim`` features (400 each), and
-    a bias-free ``Linear(learned_dim, H)`` per half holds the heads' query-side vectors.
-    """
-
-    def __init__(self, num_heads: int, max_grid: int, learned_dim: int = 400) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.max_grid = max_grid
-        self.row_embedding = nn.Embedding(2 * max_grid - 1, learned_dim)
-        self.col_embedding = nn.Embedding(2 * max_grid - 1, learned_dim)
-        self.row_heads = head_linear(learned_dim, num_heads, bias=False)
-        self.col_heads = head_linear(learned_dim, num_heads, bias=False)
-
-    def scores(self, grid: tuple[int, int]) -> Tensor:
-        if max(grid) > self.max_grid:
-            raise ValueError(f"grid {grid} exceeds the learned encoding's max_grid={self.max_grid}")
-        shift = self._offsets(grid, self.row_embedding.weight).long() + (self.max_grid - 1)  # (N, N, 2), >= 0
-        row_logits = self.row_heads(self.row_embedding.weight)  # (2G-1, H): one score per head and row shift
-        col_logits = self.col_heads(self.col_embedding.weight)  # (2G-1, H)
-        scores = row_logits[shift[..., 0]] + col_logits[shift[..., 1]]  # (N, N, H)
-        return scores.permute(2, 0, 1)  # (H, N, N)
-
-    def prune(self, keep: list[int]) -> None:
-        for name in ("row_heads", "col_heads"):
-            old: nn.Linear = getattr(self, name)
-            new = head_linear(old.in_features, len(keep), bias=False).to(old.weight)
-            new.weight.data.copy_(old.weight.data[keep])
-            setattr(self, name, new)
-        self.num_heads = len(keep)
 
 
 def build_encoding(name: str, num_heads: int, *, max_grid: int, **fields: object) -> PositionalEncoding:

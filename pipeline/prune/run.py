@@ -19,6 +19,7 @@ from pipeline.prune.plan import PrunePlan
 from pipeline.sweep.finetune import (
     FineTuneOutcome,
     FineTuneStage,
+    finetune_code,
     reused_fields,
     schedule_params,
     source_identity,
@@ -46,9 +47,11 @@ def finetune_params(params: Params) -> Params:
 
 
 def prune_key(params: Params, plan: PrunePlan) -> str:
-    """Identity of one pruned and fine-tuned model: its source trial's identity (the trial code holds the pruning rule)
-    and the prune config. A finished fine-tuning run of the same key is reused."""
-    return params_hash({"source": source_identity(plan.source), "prune": params.prune.model_dump(mode="json")})
+    """Identity of one pruned and fine-tuned model: its source trial's identity, the code of the pruning rule and of
+    its fine-tuning, and the prune config. A finished fine-tuning run of the same key is reused."""
+    code = finetune_code(params, plan.source.variant, "pipeline.models.pruning")
+    prune = params.prune.model_dump(mode="json")
+    return params_hash({"source": source_identity(plan.source), "prune": prune, "code": code})
 
 
 def finetune_rule(params: Params) -> dict[str, Any]:

@@ -4,7 +4,8 @@ nodes that join later (an autoscaler's) are checked by the trials that run on th
 - **Shared storage**: Ray (since 2.7) never copies checkpoints between nodes, so every node must see
   ``sweep.storage_path``; the probe: the driver writes a marker, a task pinned to each node reads it and writes its
   own, the driver reads those back.
-- **The driver's trial code**: the same task hashes the trial code the node imports.
+- **The driver's trial code**: the same task computes, per variant of the sweep, the identity of the code a trial
+  would run on that node (``pipeline.trial.code_version``).
 - **One tracking store**: an sqlite file lives on the driver's disk only (``tracking.sqlite_on_cluster`` insists).
 """
 
@@ -17,7 +18,7 @@ import uuid
 from typing import Any
 
 from pipeline.config import Params
-from pipeline.sweep.identity import PROJECT_ROOT, code_hash
+from pipeline.sweep.identity import PROJECT_ROOT, trial_codes
 from pipeline.sweep.session import code_runtime_env
 from pipeline.sweep.storage import StoragePath
 from pipeline.trial.node_check import MARKER, SHARED_HELP, NodeCheck
@@ -57,10 +58,13 @@ def late_node_check(params: Params, experiment: StoragePath, uri: str) -> NodeCh
     return NodeCheck(token, str(experiment.parent), ray.get_runtime_context().get_node_id(), refusal)
 
 
-def node_view(storage: StoragePath, marker: str, token: str) -> dict[str, Any]:
-    """Run on one node: does it see the driver's marker, can it leave its own, which trial code does it import. A
-    bucket is opened with the node's own credentials, as its trials will."""
+def node_view(storage: StoragePath, marker: str, token: str, models: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """Run on one node: does it see the driver's marker, can it leave its own, which code would a trial of each
+    variant (``models``: its arch and encoding) run there. A bucket is opened with the node's own credentials, as its
+    trials will."""
     import ray
+
+    from pipeline.trial.code_version import trial_code
 
     node = ray.get_runtime_context().get_node_id()
     try:
@@ -73,10 +77,13 @@ def node_view(storage: StoragePath, marker: str, token: str) -> dict[str, Any]:
         wrote = ""
     except OSError as err:
         wrote = f"{type(err).__name__}: {err}"
-    return {"node_id": node, "ip": ray.util.get_node_ip_address(), "seen": seen, "wrote": wrote, "code": code_hash()}
+    code = {variant: trial_code(arch, encoding) for variant, (arch, encoding) in models.items()}
+    return {"node_id": node, "ip": ray.util.get_node_ip_address(), "seen": seen, "wrote": wrote, "code": code}
 
 
-def probe_nodes(storage: StoragePath, timeout_s: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]]:
+def probe_nodes(
+    storage: StoragePath, models: dict[str, tuple[str, str]], timeout_s: float = PROBE_TIMEOUT_S
+) -> list[dict[str, Any]]:
     """One ``node_view`` task pinned to every alive node of the connected cluster; the marker files are removed."""
     import ray
     from ray.exceptions import GetTimeoutError
@@ -90,7 +97,7 @@ def probe_nodes(storage: StoragePath, timeout_s: float = PROBE_TIMEOUT_S) -> lis
     try:
         pending = [
             task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-                storage, marker, token
+                storage, marker, token, models
             )
             for node in nodes
         ]
@@ -110,7 +117,7 @@ def probe_nodes(storage: StoragePath, timeout_s: float = PROBE_TIMEOUT_S) -> lis
             path.delete()
 
 
-def check_views(views: list[dict[str, Any]], storage: StoragePath, driver_code: str) -> None:
+def check_views(views: list[dict[str, Any]], storage: StoragePath, driver_code: dict[str, str]) -> None:
     """Raise naming the key for the first node that does not share the storage or runs other trial code."""
     for view in views:
         node = f"node {view['ip']} ({view['node_id'][:8]})"
@@ -125,11 +132,13 @@ def check_views(views: list[dict[str, Any]], storage: StoragePath, driver_code: 
                 f"sweep.storage_path: {storage} is not shared: the driver does not see what {node} "
                 f"wrote there; {SHARED_HELP}"
             )
-        if view["code"] != driver_code:
-            raise ValueError(
-                f"{node} imports trial code {view['code']}, the driver runs {driver_code}: it does not use the code "
-                "shipped with the job (runtime_env working_dir); check the node's PYTHONPATH and installed packages"
-            )
+        for variant, code in driver_code.items():
+            if view["code"].get(variant) != code:
+                raise ValueError(
+                    f"{node} imports trial code {view['code'].get(variant)} for {variant}, the driver runs {code}: it "
+                    "does not use the code shipped with the job (runtime_env working_dir); check the node's PYTHONPATH "
+                    "and installed packages"
+                )
 
 
 def check_cluster(params: Params, address: str, storage: StoragePath, uri: str, nodes: int) -> None:
@@ -140,13 +149,14 @@ def check_cluster(params: Params, address: str, storage: StoragePath, uri: str, 
     check_tracking_store(params, uri, nodes)
     import ray
 
+    models = {v: (params.model_for(v).arch, params.model_for(v).encoding) for v in params.sweep.variants}
     caller_sigterm = signal.getsignal(signal.SIGTERM)  # ray.init replaces it; ray_session keeps the stage's
     ray.init(address=address, runtime_env=code_runtime_env(PROJECT_ROOT), log_to_driver=False)
     try:
-        views = probe_nodes(storage)
+        views = probe_nodes(storage, models)
     finally:
         ray.shutdown()
         if caller_sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, caller_sigterm)
-    check_views(views, storage, code_hash())
-    log.info("cluster: %d nodes share %s and run trial code %s", len(views), storage, code_hash())
+    check_views(views, storage, trial_codes(params, params.sweep.variants))
+    log.info("cluster: %d nodes share %s and run the driver's trial code", len(views), storage)

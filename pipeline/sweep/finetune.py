@@ -3,7 +3,8 @@
 Both build a model from some finished trials of the sweep (prune: heads cut; transform: Theorem 1's rebuild), save it
 where every node reads it and fine-tune it through ``run_tracked`` (``init_from``), with the sweep's guarantees: one
 child run per model under a ``<stage>-<hash>`` parent, whose step 0 is what the model measured before fine-tuning; a
-model's identity is its source trial's and the stage's config (a finished run of it is reused, an unfinished one
+model's identity is its source trial's, the code of its fine-tuning and of the rule that builds it
+(``finetune_code``) and the stage's config (a finished run of it is reused, an unfinished one
 resumed). Each stage gives its config, what it does to a model, its run's description and its manifest entry.
 """
 
@@ -21,7 +22,7 @@ from torch import nn
 
 from pipeline.config import AshaConfig, ModelConfig, Params, params_hash, parse_params
 from pipeline.data.prepared import PreparedData, content_hash
-from pipeline.sweep.identity import code_hash
+from pipeline.sweep.identity import trial_code
 from pipeline.sweep.manifest import FINISHED, INTERRUPTED, TrialRecord, TuneManifest
 from pipeline.sweep.reuse import REUSE, TrialDecision, decide
 from pipeline.sweep.storage import StoragePath
@@ -62,8 +63,15 @@ def schedule_params(params: Params, lr_factor: float, epochs: int) -> Params:
 
 
 def source_identity(source: TrialRecord) -> Any:
-    """The source trial's identity; one without a key (a manifest written before trial keys): its run and the code."""
-    return source.trial_key or {"run": source.run_id, "code": code_hash()}
+    """The source trial's identity; one without a key (a manifest written before trial keys): its run."""
+    return source.trial_key or {"run": source.run_id}
+
+
+def finetune_code(params: Params, variant: str, rule: str) -> str:
+    """The code a fine-tuned model's result depends on beyond its source trial's: the code its fine-tuning trial runs
+    (a model of ``variant``) and the module of the rule that builds its start weights (``rule``, with its imports)."""
+    model = params.model_for(variant)
+    return trial_code(model.arch, model.encoding, also=(rule,))
 
 
 def save_start_checkpoint(

@@ -21,7 +21,7 @@ from ray.tune.search import BasicVariantGenerator
 from pipeline.config import Params
 from pipeline.data.prepared import PreparedData
 from pipeline.sweep.cluster import late_node_check
-from pipeline.sweep.identity import code_hash
+from pipeline.sweep.identity import trial_codes
 from pipeline.sweep.manifest import METRIC, MODE
 from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import RESUME, TrialDecision
@@ -105,11 +105,14 @@ def build_tuner(
         if params.tracking.system_metrics
         else None
     )
+    # Each trial checks that its node runs the code the driver's identity of its variant names (a restored run's
+    # trials are the sweep's too).
+    variants = sorted({trial["variant"] for trial in trials} | set(params.sweep.variants))
     trainable = tune.with_parameters(
         train_with_system_metrics,
         data=data,
         params_json=params_json,
-        code_version=code_hash(),
+        code_version=trial_codes(params, variants),
         node_check=late_node_check(params, path, callback.parent.tracking_uri),  # nodes that join later
         system_metrics=target,
     )

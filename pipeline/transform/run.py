@@ -20,6 +20,7 @@ from pipeline.data.prepared import PreparedData
 from pipeline.sweep.finetune import (
     FineTuneOutcome,
     FineTuneStage,
+    finetune_code,
     reused_fields,
     schedule_params,
     source_identity,
@@ -44,10 +45,11 @@ def finetune_params(params: Params) -> Params:
 
 
 def transform_key(params: Params, plan: TransformPlan) -> str:
-    """Identity of one converted and fine-tuned network: its source trial's identity (which holds the trial code, and
-    so the conversion), its name and the transform config (epochs, lr factor)."""
+    """Identity of one converted and fine-tuned network: its source trial's identity, the code of the conversion and
+    of its fine-tuning, its name and the transform config (epochs, lr factor)."""
     rule = params.transform.model_dump(mode="json", exclude={"variants"})
-    return params_hash({"source": source_identity(plan.source), "transform": {**rule, "name": plan.name}})
+    code = finetune_code(params, plan.name, "pipeline.models.transformed_resnet")
+    return params_hash({"source": source_identity(plan.source), "transform": {**rule, "name": plan.name}, "code": code})
 
 
 def transform_rule(params: Params) -> dict[str, Any]:

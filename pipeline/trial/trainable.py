@@ -2,7 +2,8 @@
 
 Kept apart from ``pipeline.sweep`` (the driver) so that a trial's worker imports only what training needs (torch,
 Ray Tune, the trainer) and not MLflow, the dataset sources or torchvision: a fresh worker starts training seconds
-sooner. Everything it imports from this project is trial code (``pipeline.sweep.identity.TRIAL_CODE``, tested).
+sooner. Everything it imports from this project is in its trial's code identity (``pipeline.trial.code_version``,
+tested).
 The trial reports every epoch, with a checkpoint at its end (at most every ``sweep.checkpoint_interval_s``, always
 after the last epoch), and resumes from Tune's checkpoint after a failure; on a node being drained it checkpoints
 mid-epoch and continues elsewhere from that batch (``pipeline.trial.preemption``).
@@ -44,7 +45,7 @@ def train_trial(
     config: dict[str, Any],
     data: PreparedData,
     params_json: dict[str, Any],
-    code_version: str | None = None,
+    code_version: dict[str, str] | None = None,
     node_check: NodeCheck | None = None,
 ) -> None:
     """One Tune trial: typed config from the trial's dict, resume from Tune's checkpoint, report every epoch.
@@ -56,11 +57,10 @@ def train_trial(
     retried or restored trial resumes from its own (Tune's) checkpoint instead. A failure a retry cannot fix
     (divergence, a config the trial cannot run) is recorded in the trial's storage folder and raised as
     ``UnretryableTrialError``; Tune's retries of the trial then raise it again at once instead of training to the
-    same failure. ``code_version`` (the driver's trial code hash) fails a trial that imports other code;
-    ``node_check`` one on a node that does not share the sweep's storage or tracking store (a node that joined after
-    the driver's preflight: ``pipeline.trial.node_check``).
+    same failure. ``code_version`` (per variant, the driver's ``trial_code`` of its model) fails a trial that would run
+    other code; ``node_check`` one on a node that does not share the sweep's storage or tracking store (a node that
+    joined after the driver's preflight: ``pipeline.trial.node_check``).
     """
-    check_trial_code(code_version)  # the driver's pipeline.sweep.identity.code_hash()
     # Ray's storage module logs every checkpoint it persists at INFO, and the worker's log reaches the driver's
     # console: a line per trial per epoch that buries the progress table. Failures still log as warnings.
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
@@ -77,7 +77,7 @@ def train_trial(
         with storage.storage_filesystem.open_input_stream(marker) as stream:
             raise UnretryableTrialError(json.loads(stream.readall())["reason"])
     try:
-        _train(config, data, params_json)
+        _train(config, data, params_json, code_version)
     except (DivergedError, ValueError) as err:  # ValueError: the config, a checkpoint or init_from it cannot use
         storage.storage_filesystem.create_dir(storage.trial_fs_path)
         with storage.storage_filesystem.open_output_stream(marker) as stream:
@@ -85,9 +85,13 @@ def train_trial(
         raise UnretryableTrialError(str(err)) from err
 
 
-def _train(config: dict[str, Any], data: PreparedData, params_json: dict[str, Any]) -> None:
+def _train(
+    config: dict[str, Any], data: PreparedData, params_json: dict[str, Any], code_version: dict[str, str] | None
+) -> None:
     params = parse_params(params_json, "trial params")
     model_cfg = params.model_for(config["variant"])
+    # The driver's identity of this trial's code (pipeline.sweep.identity.trial_codes): this node's must be the same.
+    check_trial_code(code_version[config["variant"]] if code_version else None, model_cfg.arch, model_cfg.encoding)
     gpu_ids = ray.get_gpu_ids()
     train_cfg = params.train_for(config["variant"]).model_copy(update={"seed": config["seed"]})
     train_cfg = trial_train_config(train_cfg, gpu_ids, params.sweep.resources.cpu_fallback)

@@ -12,7 +12,7 @@ from ray import tune
 
 from pipeline.config import load_params
 from pipeline.data.sources import prepare_dataset
-from pipeline.sweep.identity import code_hash
+from pipeline.sweep.identity import trial_codes
 from pipeline.trial.checkpoint import load_checkpoint
 from pipeline.trial.trainable import train_trial
 from tests.integration.conftest import ROOT, tiny_params
@@ -31,7 +31,7 @@ def checkpointed_epochs(storage: Path, interval_s: float) -> tuple[list[int], in
         train_trial,
         data=prepare_dataset(params.data, ROOT),
         params_json=params.model_dump(mode="json"),
-        code_version=code_hash(),
+        code_version=trial_codes(params, ["resnet18"]),
     )
     name = f"interval-{interval_s:g}"
     tuner = tune.Tuner(

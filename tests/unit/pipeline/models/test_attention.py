@@ -7,13 +7,10 @@ import torch
 
 from pipeline.encodings import positional_encodings
 from pipeline.models.attention import MultiHeadSelfAttention
-from pipeline.models.positional import (
-    GeneralizedQuadraticEncoding,
-    LearnedRelativeEncoding,
-    QuadraticEncoding,
-    build_encoding,
-    relative_offsets,
-)
+from pipeline.models.generalized_quadratic import GeneralizedQuadraticEncoding
+from pipeline.models.learned import LearnedRelativeEncoding
+from pipeline.models.positional import build_encoding, relative_offsets
+from pipeline.models.quadratic import QuadraticEncoding
 
 GRID = (3, 4)
 

@@ -11,7 +11,8 @@ import torch
 from pipeline.models.attention import MultiHeadSelfAttention
 from pipeline.models.gpsa import GatedPositionalSelfAttention, local_init_centres
 from pipeline.models.kinds import build_attention
-from pipeline.models.positional import QuadraticEncoding, relative_offsets
+from pipeline.models.positional import relative_offsets
+from pipeline.models.quadratic import QuadraticEncoding
 
 GRID = (5, 5)
 

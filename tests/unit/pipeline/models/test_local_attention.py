@@ -11,6 +11,7 @@ from pipeline.config import ConfigError, ModelConfig, parse_params
 from pipeline.encodings import positional_encodings
 from pipeline.models import build_model
 from pipeline.models.attention import MultiHeadSelfAttention
+from pipeline.models.generalized_quadratic import GeneralizedQuadraticEncoding
 from pipeline.models.local_attention import (
     LocalMultiHeadSelfAttention,
     localise_attention,
@@ -18,7 +19,8 @@ from pipeline.models.local_attention import (
     select_keys,
     window_flops,
 )
-from pipeline.models.positional import GeneralizedQuadraticEncoding, QuadraticEncoding, build_encoding
+from pipeline.models.positional import build_encoding
+from pipeline.models.quadratic import QuadraticEncoding
 
 GRID = (5, 6)
 N = GRID[0] * GRID[1]

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.config import Params, params_hash, parse_params
 from pipeline.sweep import identity
-from pipeline.sweep.identity import PROJECT_ROOT, TRIAL_CODE, code_hash, sweep_hash, trial_key
+from pipeline.sweep.identity import PROJECT_ROOT, TRIAL_CODE, model_values, sweep_hash, trial_code, trial_key
 
 DATA = "a" * 64
 
@@ -54,16 +54,29 @@ def test_the_key_changes_with_each_input(what: str, key) -> None:
     assert key() != BASE, what
 
 
-def test_all_the_data_keeps_the_keys_trials_had_before_the_data_fraction_existed() -> None:
-    """Finished runs are found by their key: a sweep without a data fraction must not retrain them. Before the field,
-    the key hashed the model, the train section with the seed, the data and the code."""
+def test_the_key_hashes_the_model_s_own_values_the_train_section_the_data_and_the_code() -> None:
+    """Finished runs are found by their key, so its recipe is fixed: all the data (``data_fraction`` 1) is left out of
+    the train section, and the model's values are those of its own encoding."""
     default = Params()
     for variant in default.sweep.variants:
-        before = default.train.model_copy(update={"seed": 3}).model_dump(mode="json")
-        del before["data_fraction"]  # the one field added since
-        identity_before = {"model": default.model_for(variant).model_dump(mode="json"), "train": before}
-        expected = params_hash({**identity_before, "data": DATA, "code": code_hash()})
+        train = default.train.model_copy(update={"seed": 3}).model_dump(mode="json")
+        del train["data_fraction"]
+        model = default.model_for(variant)
+        identity = {"model": model_values(model), "train": train, "data": DATA}
+        expected = params_hash({**identity, "code": trial_code(model.arch, model.encoding)})
         assert trial_key(default, variant, 3, DATA) == expected, variant
+
+
+def test_another_encoding_s_field_is_not_part_of_a_model_s_key() -> None:
+    """``model.learned_dim`` reaches learned trials only: a quadratic trial keeps its key, a learned one changes."""
+    learned = {"sa_learned": {"arch": "sa", "encoding": "learned", "heads": 9}}
+    base = params(variants={**learned, "sa_quadratic_9": QUADRATIC}, sweep={"variants": ["sa_learned"]})
+    wider = params(
+        variants={**learned, "sa_quadratic_9": QUADRATIC}, model={"learned_dim": 12}, sweep={"variants": ["sa_learned"]}
+    )
+    assert trial_key(wider, "sa_quadratic_9", 0, DATA) == trial_key(base, "sa_quadratic_9", 0, DATA)
+    assert trial_key(wider, "sa_learned", 0, DATA) != trial_key(base, "sa_learned", 0, DATA)
+    assert "learned_dim" not in model_values(base.model_for("sa_quadratic_9"))
 
 
 def test_a_variant_s_train_field_is_the_same_trial_as_the_same_train_section() -> None:
@@ -74,9 +87,25 @@ def test_a_variant_s_train_field_is_the_same_trial_as_the_same_train_section() -
     )
 
 
-def test_the_key_changes_with_the_trial_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(identity, "code_hash", lambda root=PROJECT_ROOT: "edited-code")
+def test_the_key_and_the_sweep_change_with_the_trial_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    sweep = sweep_hash(params(), DATA)
+    monkeypatch.setattr(identity, "trial_code", lambda arch, encoding, **_: f"edited-{arch}-{encoding}")
     assert trial_key(params(), "sa_quadratic_9", 0, DATA) != BASE
+    assert sweep_hash(params(), DATA) != sweep
+
+
+def test_the_sweep_identity_ignores_the_variants_and_grids_it_does_not_run() -> None:
+    """A variant or grid defined but not swept (e.g. one of a new encoding, not yet in ``sweep.variants``), or another
+    encoding's field, trains nothing: the sweep keeps its name."""
+    base = sweep_hash(params(), DATA)
+    learned = {"sa_learned": {"arch": "sa", "encoding": "learned", "heads": 9}}
+    defined = {"sa_quadratic_9": QUADRATIC, "resnet18": {"arch": "resnet18"}, **learned}
+    assert sweep_hash(params(variants=defined), DATA) == base
+    assert (
+        sweep_hash(params(grid={"g": {"arch": "sa", "axes": {"encoding": ["learned"], "heads": [1, 2]}}}), DATA) == base
+    )
+    assert sweep_hash(params(model={"learned_dim": 12}), DATA) == base
+    assert sweep_hash(params(model={"hidden": 48}), DATA) != base
 
 
 @pytest.mark.parametrize(
@@ -125,7 +154,7 @@ def test_the_key_is_stable_across_processes_and_key_order() -> None:
     assert done.stdout.strip() == BASE
 
 
-def test_the_code_hash_does_not_depend_on_where_the_project_is(tmp_path: Path) -> None:
+def test_the_trial_code_does_not_depend_on_where_the_project_is(tmp_path: Path) -> None:
     for entry in TRIAL_CODE:
         source = PROJECT_ROOT / entry
         if source.is_dir():
@@ -133,4 +162,5 @@ def test_the_code_hash_does_not_depend_on_where_the_project_is(tmp_path: Path) -
         else:
             (tmp_path / entry).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, tmp_path / entry)
-    assert code_hash(tmp_path) == code_hash()
+    for arch, encoding in [("sa", "quadratic"), ("sa", "gpsa"), ("resnet18", "quadratic")]:
+        assert trial_code(arch, encoding, root=tmp_path) == trial_code(arch, encoding)

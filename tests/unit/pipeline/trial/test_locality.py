@@ -14,7 +14,8 @@ from pipeline.data.prepared import PreparedData
 from pipeline.encodings import ENCODINGS
 from pipeline.models import build_model
 from pipeline.models.attention import MultiHeadSelfAttention
-from pipeline.models.positional import QuadraticEncoding, build_encoding
+from pipeline.models.positional import build_encoding
+from pipeline.models.quadratic import QuadraticEncoding
 from pipeline.models.sa_net import SelfAttentionNet, space_to_depth
 from pipeline.trial.checkpoint import load_locality_history
 from pipeline.trial.locality import head_locality, layer_summary, measure_locality
