@@ -6,7 +6,7 @@ A ``PreparedData`` holds uint8 images (N, C, H, W), int64 labels, class names an
 atomically;
 ``load_prepared`` reads it back and checks the manifest's content hash. Where the images come from (CIFAR-10,
 digits) is ``pipeline.data.sources``: this module stays light (torch only) because every Ray trial unpickles it,
-and it is trial code (``pipeline.sweep.identity.TRIAL_CODE``): an edit here changes every trial's identity.
+and it is in every trial's code identity (``pipeline.trial.code_version``): an edit here retrains every trial.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ shuffle generator (seeded with ``train.seed``). For one seed a smaller fraction 
 images: each class's draw is one permutation, of which a fraction keeps a prefix. The kept images stay in the
 prepared order. A fraction of 1 returns the data itself: exactly the training a trial had before this option.
 
-Trial code (``pipeline.trial.code_version.TRIAL_CODE``): light, torch only.
+In every trial's code identity (``pipeline.trial.code_version``): light, torch only.
 """
 
 from __future__ import annotations

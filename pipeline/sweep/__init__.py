@@ -1,6 +1,6 @@
 """The driver: what runs outside the Ray workers to plan, run, track and record a sweep (and, through
 ``tracked`` and ``finetune``, the prune and transform stages' fine-tuning). Editing it never changes a trial's identity
-(``identity.TRIAL_CODE``).
+(``pipeline.trial.code_version``: a trial's identity hashes the code it runs, none of this package).
 
 The tune stage (``stages.tune``) reads it top-down:
 - ``run``        the sweep: ``run_sweep``, its grid and reuse, what it publishes, its manifest
