@@ -13,8 +13,10 @@ A trial of a model (its ``arch`` and ``encoding``) runs:
   gets from its config are in its key (``pipeline.sweep.identity.trial_key``).
 
 Each module counts as its normalised source (``ast`` parsed and unparsed, docstrings dropped): a comment, a docstring
-or a reformatting changes no identity; any other edit of what a trial runs does. An import inside a function is not
-followed: the model's own module is the one such import a trial makes (``build_model``), and a test keeps it so.
+or a reformatting changes no identity; any other edit of what a trial runs does. ``ast.unparse`` is Python's own, so
+another Python minor version may write a module differently: a new interpreter can retrain a study once. An import
+inside a function is not followed: the model's own module is the one such import a trial makes (``build_model``),
+and a test keeps it so.
 
 ``TRIAL_CODE`` is coarser: the paths that hold every trial's code, ``dvc.yaml``'s deps of the training stages (DVC
 re-runs the stage on any edit there; the stage then reuses every trial whose identity is unchanged).
