@@ -24,6 +24,7 @@ import torch
 from matplotlib.figure import Figure
 
 from analysis import figures
+from analysis.band import band_section_body
 from analysis.beyond_paper import write_beyond_paper
 from analysis.cka_report import write_cka
 from analysis.claims import Evidence, claims, claims_table, run_link
@@ -857,6 +858,8 @@ def write_outputs(
     for name, frame in {"claims.csv": claim_rows, "compute.csv": as_integers(compute, ["seed"])}.items():
         frame.to_csv(layout.tables / name, index=False)
         outputs.files["tables"].append(layout.tables / name)
+    if band := band_section_body(study, variants):
+        sections.insert(0, Section("Seed band: accuracy across seeds, and the seeds a difference needs", band))
     sections.append(Section("Compute", compute_section_body(compute)))
     notes += evidence.notes
     quoted = quoted_table().to_markdown(index=False, disable_numparse=True)
