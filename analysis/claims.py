@@ -301,7 +301,7 @@ def _cka_claim(ev: Evidence, variant: str) -> Claim:
     if path is None or not path.is_file():
         order = v.NOT_MEASURED
     else:
-        matrix = pd.read_csv(path, index_col=0)
+        matrix = pd.read_csv(path, index_col=0).dropna()  # a layer without a finite CKA has no most similar stage
         order = v.spearman([float(matrix.columns.get_loc(matrix.loc[row].idxmax())) for row in matrix.index])
     statistic = (
         f"rho = {order.estimate:.2f}, p = {order.p_value:.2g}" if math.isfinite(order.estimate) else "not measured"
