@@ -737,11 +737,11 @@ def write_outputs(
     layout: Layout,
     test_images: int | None = None,
     images: torch.Tensor | None = None,
-    labels: torch.Tensor | None = None,
+    image_labels: torch.Tensor | None = None,
 ) -> Outputs:
     """Write every output under ``layout``; returns what was written (for MLflow) and the tables. ``test_images``:
     the test set's size, for the accuracies' binomial intervals; ``images`` (normalised): what the representations
-    are compared on (CKA); with their ``labels``, what the one-seed accuracy claims are paired on (per image);
+    are compared on (CKA); with their ``image_labels``, what the one-seed accuracy claims are paired on (per image);
     without them those say so."""
     variants = describe_variants(study.configs())
     runs = study.frame()
@@ -853,7 +853,7 @@ def write_outputs(
     sections += [*([transformed] if transformed else []), cka, *(s for s in (beyond, data_size) if s)]
     outputs.files["tables"] += [*transform_tables, *cka_tables, *beyond_tables, *data_size_tables]
     compute = study_compute(study)
-    evidence = Evidence(study, variants, setting, images, labels, layout.tables)
+    evidence = Evidence(study, variants, setting, images, image_labels, layout.tables)
     claim_rows = claims_table(claims(evidence, summaries, baseline, paper_fig2), compute, run_link(study))
     for name, frame in {"claims.csv": claim_rows, "compute.csv": as_integers(compute, ["seed"])}.items():
         frame.to_csv(layout.tables / name, index=False)
