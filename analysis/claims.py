@@ -233,7 +233,10 @@ def _finding_claims(ev: Evidence, summaries: Mapping[str, pd.DataFrame], variant
     )
     first = [_layer_measure(r, 0) for r in runs]
     last = [_layer_measure(r, -1) for r in runs]
-    if len(runs) >= 2:
+    if runs and min(len(r.head_history[-1]["layers"]) for r in runs) < 2:
+        wider = v.Interval(math.nan, math.nan, math.nan, "one layer: no depth to compare")
+        verdict, statistic = v.CANNOT_TELL, "not measured"
+    elif len(runs) >= 2:
         wider = v.paired_seeds([np.nanmean(x) for x in last], [np.nanmean(x) for x in first])
         verdict = v.positive(wider)
         statistic = (
