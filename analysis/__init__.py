@@ -18,6 +18,10 @@
 - ``data_size``          the section on accuracy and layer-1 locality against ``train.data_fraction``, per encoding,
                          when the sweep has that axis
 - ``cka``                linear CKA (Kornblith et al. 2019); ``cka_report``: its matrices, heat-maps and section
+- ``verdicts``           the verdict rules (holds / does not hold / cannot tell) and their statistics, pure functions
+- ``claims``             the report's first table: each claim, its verdict by rule, test, setting, runs and compute
+- ``band``               the seed band: accuracy's mean and 95 % interval across seeds, the seeds a difference needs
+- ``compute``            device-seconds per run (every attempt included), per report table and per claim
 - ``report``             ``results/report.md``: the setting, the tables, every figure with a sentence
 - ``plots_template``     the page template of ``dvc plots show`` with Vega inlined, so the plots draw offline
 """

@@ -54,13 +54,16 @@ def render_report(
     paper_not_run: Sequence[str] = (),
     quoted: str = "",
     noise: str = "",
+    claims: str = "",
 ) -> str:
     """The report as markdown; its first line states the setting and its scale. ``paper_not_run``: the paper's
     models this study did not run (named under the table, so a reader knows the comparison is partial); ``quoted``: a
     markdown table of public results quoted beside the study, each with its source; ``noise``: what the test set's
-    size allows (under the table)."""
+    size allows (under the table); ``claims``: the claims and their verdicts, the report's first table."""
     lines = [f"{describe_setting(setting)} ({scale_note(setting)}).", ""]
     lines += ["# Reproduction of Cordonnier et al. (ICLR 2020): results", ""]
+    if claims:
+        lines += ["## Claims and verdicts", "", claims.strip(), ""]
     lines += ["## Accuracy and size (the paper's Figure 5 / Figure 9, for every variant run)", ""]
     lines += [
         "Final-epoch test accuracy averaged over seeds (± standard deviation when several); only runs that trained "

@@ -40,7 +40,8 @@ from pipeline.trial.report import CHECKPOINT_FILE, LOCALITY_METRICS
 log = logging.getLogger(__name__)
 
 CHECKPOINT_ARTIFACT = "checkpoint"  # the folder pipeline.sweep.tracking uploads (checkpoint.pt and the histories)
-HISTORY_KEYS = ("test_acc", "train_loss", "val_acc")  # val_acc: only runs trained with a validation set have it
+# val_acc: only runs trained with a validation set have it; epoch_time_s: each epoch's training pass, for the compute
+HISTORY_KEYS = ("test_acc", "train_loss", "val_acc", "epoch_time_s")
 MISSING = "missing"  # status of a run the manifest names but MLflow does not have
 CURVE_COLUMNS = ["variant", "seed", "epoch", "test_acc"]
 
@@ -73,6 +74,10 @@ class LoadedRun:
     model_config: dict[str, Any] = field(default_factory=dict)  # the checkpoint's
     source_run_id: str | None = None  # pruned: the tune run it came from
     pruned_heads: set[tuple[int, int]] = field(default_factory=set)  # pruned: (layer, head) cut, 0-based indices
+    # Compute (``analysis.compute``): the run's wall time from its start to its end in MLflow, every attempt of its
+    # trial included (a retry continues the run); and the sum of its logged epochs' training passes.
+    wall_s: float = math.nan
+    train_s: float = math.nan
 
     @property
     def has_metrics(self) -> bool:
@@ -266,6 +271,9 @@ def fetch(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) ->
     record.params = {key: cast_param(value) for key, value in run.data.params.items()}
     record.tags = dict(run.data.tags)
     record.history = _history(client, record.run_id)
+    if run.info.start_time and run.info.end_time:  # an interrupted run (still RUNNING) has no end: not counted
+        record.wall_s = (run.info.end_time - run.info.start_time) / 1000
+    record.train_s = float(record.history["epoch_time_s"].sum()) if len(record.history) else math.nan
     accs = record.history["test_acc"].dropna()
     if len(accs):
         record.test_acc = float(accs.iloc[-1])

@@ -24,8 +24,11 @@ import torch
 from matplotlib.figure import Figure
 
 from analysis import figures
+from analysis.band import band_section_body
 from analysis.beyond_paper import write_beyond_paper
 from analysis.cka_report import write_cka
+from analysis.claims import Evidence, claims, claims_table, run_link
+from analysis.compute import compute_section_body, study_compute
 from analysis.data_size import write_data_size
 from analysis.gaussian_locality import CONV_LIKE_MAX_DISTANCE, CONV_LIKE_RULE
 from analysis.geometry import HEADS_COLUMNS, heads_frame
@@ -716,16 +719,30 @@ def noise_note(table: pd.DataFrame, test_images: int | None) -> str:
     return text + "."
 
 
+def claims_markdown(rows: pd.DataFrame) -> str:
+    """The claims table and a line on how its verdicts are reached (``analysis.verdicts``)."""
+    intro = (
+        "Each claim's verdict is computed by a stated rule from the numbers beside it (`analysis/verdicts.py`): "
+        "**holds**, **does not hold**, or **cannot tell at this scale** when the 95 % interval straddles the rule's "
+        "bound or the claim was not measured. With one seed the accuracies are paired on the test images (each "
+        "answered by both final checkpoints); with several, across seeds. Compute: the runs' device-seconds, every "
+        "attempt included (section Compute). Per row: `tables/claims.csv`."
+    )
+    return f"{intro}\n\n{rows.to_markdown(index=False, disable_numparse=True)}"
+
+
 def write_outputs(
     study: LoadedStudy,
     setting: Mapping[str, Any],
     layout: Layout,
     test_images: int | None = None,
     images: torch.Tensor | None = None,
+    image_labels: torch.Tensor | None = None,
 ) -> Outputs:
     """Write every output under ``layout``; returns what was written (for MLflow) and the tables. ``test_images``:
     the test set's size, for the accuracies' binomial intervals; ``images`` (normalised): what the representations
-    are compared on (CKA); without them that section says so."""
+    are compared on (CKA); with their ``image_labels``, what the one-seed accuracy claims are paired on (per image);
+    without them those say so."""
     variants = describe_variants(study.configs())
     runs = study.frame()
     table = accuracy_table(runs, variants, test_images=test_images)
@@ -835,10 +852,20 @@ def write_outputs(
     data_size, data_size_tables = write_data_size(study, locality, layout.tables, fx.add)
     sections += [*([transformed] if transformed else []), cka, *(s for s in (beyond, data_size) if s)]
     outputs.files["tables"] += [*transform_tables, *cka_tables, *beyond_tables, *data_size_tables]
+    compute = study_compute(study)
+    evidence = Evidence(study, variants, setting, images, image_labels, layout.tables)
+    claim_rows = claims_table(claims(evidence, summaries, baseline, paper_fig2), compute, run_link(study))
+    for name, frame in {"claims.csv": claim_rows, "compute.csv": as_integers(compute, ["seed"])}.items():
+        frame.to_csv(layout.tables / name, index=False)
+        outputs.files["tables"].append(layout.tables / name)
+    if band := band_section_body(study, variants):
+        sections.insert(0, Section("Seed band: accuracy across seeds, and the seeds a difference needs", band))
+    sections.append(Section("Compute", compute_section_body(compute)))
+    notes += evidence.notes
     quoted = quoted_table().to_markdown(index=False, disable_numparse=True)
     report = render_report(
         setting, table_md, outputs.figures, outputs.skipped, notes, sections, not_run, quoted,
-        noise_note(table, test_images),
+        noise_note(table, test_images), claims_markdown(claim_rows),
     )  # fmt: skip
     write_text_atomic(layout.report, report)
     outputs.files["report"] = [layout.report]

@@ -9,6 +9,7 @@
 - ``submit``     the whole pipeline as one Ray job from a workstation, its outputs and dvc.lock brought back
 - ``pipeline``   what that job runs on the cluster's head (``dvc repro``, then its outputs published)
 - ``ui``         the MLflow UI's address of the last sweep
+- ``band``       the seed band (``params/band.yaml``'s keys) as one ``dvc exp run -S`` experiment
 - ``_cli``       what every stage shares: parsing conventions, logging, clean failures and exit codes
 - ``_finetune``  what prune and transform share: the sweep's runs checked before any work, the fine-tuning's end
 - ``_job``       what ``submit`` and ``pipeline`` share: the interpreter DVC starts, the bundle of outputs

@@ -8,6 +8,10 @@ Reads:  params.yaml section data (the setting the report states) and data/prepar
         Every run is fetched by id from the manifest's MLflow tracking URI and its checkpoint/ artifact downloaded
         through MLflow, so this runs anywhere the MLflow server answers (never from the manifests' local paths).
 Writes (one row, entry, series and figures per variant the manifests name, the paper's or not; docs/study.md):
+        results/tables/claims.csv               per claim (the paper's and ours): verdict by rule, statistic, test,
+                                                setting, runs, device-seconds (analysis/claims.py): the report's
+                                                first table
+        results/tables/compute.csv              per run: device-seconds (every attempt) and training seconds
         results/tables/accuracy.{md,csv,tex}   every variant's accuracy and size, the paper's figures beside its models
         results/tables/runs.csv                 one row per run (with why a run is left out)
         results/tables/heads.csv                per run, layer and head: geometry and last measured locality
@@ -114,8 +118,8 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         setting = setting_of(data, study) | ({"test images": test_images} if test_images else {})
         if validation_images := validation_set_size(Path(params.data.prepared_dir)):  # where the best epoch is chosen
             setting["validation images"] = validation_images
-        images = normalised_test_images(Path(params.data.prepared_dir))
-        outputs = write_outputs(study, setting, Layout(Path.cwd()), test_images, images)
+        images, labels = normalised_test_set(Path(params.data.prepared_dir))
+        outputs = write_outputs(study, setting, Layout(Path.cwd()), test_images, images, labels)
     if args.no_mlflow:
         return 0
     log.info("step 3/3: logging the outputs to MLflow")
@@ -133,19 +137,20 @@ def stage(args: argparse.Namespace, params: Params) -> int:
     return 0
 
 
-def normalised_test_images(prepared_dir: Path) -> torch.Tensor | None:
-    """The prepared test images, normalised as the models saw them (representations are compared on them: CKA);
-    None, with a line saying so, when the data is not prepared here."""
+def normalised_test_set(prepared_dir: Path) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The prepared test images, normalised as the models saw them (representations are compared on them: CKA), and
+    their labels (the claims pair two models' answers per image); None, None, with a line saying so, when the data
+    is not prepared here."""
     import torch  # here, not at the top: --help and bad input stay fast
 
     from pipeline.data.prepared import load_prepared
     from pipeline.trial.loop import DeviceData
 
     if not (prepared_dir / "manifest.json").is_file():
-        log.info("no prepared data at %s: the CKA section waits for it", prepared_dir)
-        return None
+        log.info("no prepared data at %s: the CKA section and the per-image pairing wait for it", prepared_dir)
+        return None, None
     data = DeviceData.from_prepared(load_prepared(prepared_dir), torch.device("cpu"))
-    return data.normalise(data.test_images.float().div(255))
+    return data.normalise(data.test_images.float().div(255)), data.test_labels
 
 
 parser = make_parser(__doc__)

@@ -92,8 +92,9 @@ class MultiHeadSelfAttention(nn.Module):
             # One (H*N, N) @ (N, B*D) matmul for the whole batch: every image shares the same probabilities.
             values = x.transpose(0, 1).reshape(N, B * D)  # (N, B*D)
             mixed = (probs.reshape(H * N, N) @ values).view(H, N, B, D).permute(2, 1, 0, 3)  # (B, N, H, D)
-        else:  # probabilities of each image (an attention that reads the content)
-            mixed = (probs @ x[:, None]).transpose(1, 2)  # (B, H, N, N) @ (B, 1, N, D) -> (B, N, H, D)
+        else:  # probabilities of each image (an attention that reads the content): one (H*N, N) @ (N, D) per image,
+            # not H of them against x broadcast per head (which copies x H times and sums its gradient over heads)
+            mixed = (probs.reshape(B, H * N, N) @ x).view(B, H, N, D).transpose(1, 2)  # (B, N, H, D)
         return self.value(mixed.reshape(B, N, H * D))  # (B, N, H*D), head-major blocks -> (B, N, out_dim)
 
     def headless(self, x: Tensor) -> Tensor:

@@ -32,9 +32,11 @@ class ContentScores(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         B, N, D = x.shape  # noqa: N806
         H = self.num_heads  # noqa: N806
-        q = self.query(x).view(B, N, H, D).transpose(1, 2)  # (B, H, N, D)
+        # The scale on q (B, H, N, D) rather than on the scores (B, H, N, N): half the elements, forward and backward
+        # (the same scores up to rounding; tests/unit/pipeline/models/test_gpsa_fast_path.py: float64 within 1e-12).
+        q = (self.query(x) * D**-0.5).view(B, N, H, D).transpose(1, 2)  # (B, H, N, D)
         k = self.key(x).view(B, N, H, D).transpose(1, 2)  # (B, H, N, D)
-        return (q @ k.transpose(-1, -2)) * D**-0.5  # (B, H, N, N)
+        return q @ k.transpose(-1, -2)  # (B, H, N, N)
 
     def prune(self, keep: list[int]) -> None:
         """Keep the query and key rows of the heads in ``keep``."""

@@ -89,9 +89,11 @@ class GatedPositionalSelfAttention(ContentPositionSelfAttention):
         content = self.content(x)  # (B, H, N, N)
         content = content.to(torch.promote_types(content.dtype, positional.dtype)).softmax(dim=-1)
         gate = self.gate().to(positional.dtype)[:, None, None]  # (H, 1, 1)
-        # (1 - g) content + g positional in one op. ConViT then divides by the row sums; a convex mix of two softmaxes
-        # sums to 1 already, so that division only rounds, and it cost 13 % of a training step on the CPU.
-        return torch.lerp(content, positional, gate)  # (B, H, N, N)
+        # g positional + (1 - g) content in one pass over (B, H, N, N), g positional formed on (H, N, N) first: its
+        # gradient is then one sum over the batch, where lerp's backward made four passes over (B, H, N, N) (the same
+        # mix up to rounding; tests/unit/pipeline/models/test_gpsa_fast_path.py). ConViT then divides by the row sums;
+        # a convex mix of two softmaxes sums to 1 already, so that division only rounds, and it cost 13 % of a step.
+        return torch.addcmul(gate * positional, content, 1 - gate)  # (B, H, N, N)
 
     def head_report(self) -> dict[str, Tensor]:
         """Per head (H,): ``gate`` = sigma(lambda_h), ``centre_distance`` = ||Delta_h|| in tokens."""

@@ -328,6 +328,16 @@ def test_analysis_stage_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert setting.startswith("Setting: dataset: digits; image size: 8x8; tokens: 4x4 of 2x2 px; epochs: 3")
     assert "; device: cpu; seeds: 0, 1" in setting and "smoke" not in setting
     assert "smaller than the paper's setting: dataset digits (paper: cifar10)" in setting
+    # The report opens with the claims: one row per claim, each verdict one of the rules' three, none worded by hand.
+    assert report.split("\n## ")[1].startswith("Claims and verdicts")
+    claims = pd.read_csv(tmp_path / "results/tables/claims.csv").set_index("claim")
+    assert len(claims) == 9 and set(claims["by"]) == {"paper", "ours"}
+    assert set(claims["verdict"].str.strip("*")) <= {"holds", "does not hold", "cannot tell at this scale"}
+    assert claims.filter(like="Theorem 1", axis=0)["verdict"].iloc[0] == "**holds**"
+    assert "no finished run of resnet18" in claims.filter(like="as accurate as ResNet18", axis=0)["test"].iloc[0]
+    compute = pd.read_csv(tmp_path / "results/tables/compute.csv")
+    assert len(compute) == len(runs) and {"device_s", "train_s", "run_id"} <= set(compute.columns)
+    assert "## Compute" in report
 
     # The finding's numbers, from the runs' own head histories: the builder scales every centre by 1.3 per epoch, so
     # after 3 epochs each head moved 1.3**3 - 1 times its initial distance from the query.
