@@ -8,8 +8,8 @@ them back. Block h of that weight is the per-head ``W(h) = W_val(h) W_out[block 
 makes the convolution construction of Theorem 1 exact (see ``conv_to_attention.py``).
 
 Because the scores depend on positions only, the (H, N, N) attention probabilities are computed once per forward
-pass and applied to the whole batch in one batched matmul, never computed once per image. ``probs_for(x, grid)`` is the one question
-every user of the probabilities asks, the forward pass and the locality measured in the trial
+pass and applied to the whole batch in one batched matmul, never computed once per image. ``probs_for(x, grid)`` is
+the one question every user of the probabilities asks, the forward pass and the locality measured in the trial
 (``pipeline.trial.locality``): "which probabilities does this layer apply to this input?". Here the answer ignores
 ``x``; an attention that reads the content (content + position, as in ConViT's gated heads) overrides
 ``probs_for`` to return per-image (B, H, N, N) probabilities, and runs and is measured correctly without other changes.
