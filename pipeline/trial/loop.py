@@ -5,13 +5,14 @@ centres and spreads, cosine decay after a linear warm-up over ``warmup_fraction`
 epoch`` reproduces the authors' code, which steps that schedule once per epoch (so epoch 0 trains at lr 0);
 ``schedule: step`` updates it every optimiser step.
 
-The whole dataset stays in memory on the training device (uint8), and shuffling and augmentation are batched
-tensor ops drawn from one explicit CPU ``torch.Generator``: no DataLoader workers, and the same draws on CPU
-and GPU. Every RNG state (that generator, torch's global CPU generator used by dropout, CUDA's when used) is
-checkpointed, so a run resumed from epoch k's checkpoint ends with bit-for-bit the weights of an uninterrupted
-run on the CPU. A caller's ``stop`` check, asked before every batch, ends a trial mid-epoch with a checkpoint of the
-epoch in progress (``EpochProgress``): resumed from it, the trial finishes that epoch from the next batch, again bit
-for bit. That is how a trial leaves a node being drained (``pipeline.trial.preemption``) losing no finished batch.
+The whole dataset stays in memory on the training device (uint8), and shuffling and augmentation are batched tensor
+ops drawn from one explicit CPU ``torch.Generator``, a whole epoch's at its start: no DataLoader workers, the same
+draws on CPU and GPU, and no step waiting on the host. Every RNG state (that generator, torch's global CPU generator
+used by dropout, CUDA's when used) is checkpointed, so a run resumed from epoch k's checkpoint ends with bit-for-bit
+the weights of an uninterrupted run on the CPU. A caller's ``stop`` check, asked before every batch, ends a trial
+mid-epoch with a checkpoint of the epoch in progress (``EpochProgress``): resumed from it, the trial finishes that
+epoch from the next batch, again bit for bit. That is how a trial leaves a node being drained
+(``pipeline.trial.preemption``) losing no finished batch.
 
 ``run_trial`` knows nothing about Ray or MLflow: the caller's ``reporter`` receives each epoch's scalar
 metrics and a checkpoint directory that is valid only during the call (Ray copies it; a test may just read
