@@ -104,7 +104,7 @@ class WholeStep:
         if cfg.augment:
             images = apply_augmentation(images, cfg.crop_padding, self.offsets, self.flips)
         labels = data.train_labels[self.index]  # (B,)
-        with autocast(images.device, self.amp_dtype):
+        with autocast(images.device, self.amp_dtype, cache=False):
             logits = self.trial.runner(data.normalise(images))  # (B, classes)
         loss = F.cross_entropy(logits.float(), labels)
         loss.backward()
