@@ -761,17 +761,16 @@ def test_whole_step_capture_puts_back_the_state_its_warm_up_changed():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("amp", ["off", "auto"])
-def test_whole_step_trains_as_eager_on_cuda(tmp_path, amp):
+def test_whole_step_trains_as_eager_on_cuda(tmp_path):
     """``train.compile: whole-step`` on CUDA: the compiled model's step captured as one CUDA graph trains through
-    ``run_trial`` (two epochs, a short last batch each) as the eager step does."""
-    cfg = TINY_TRAIN.model_copy(update={"epochs": 2, "device": "cuda", "amp": amp})
+    ``run_trial`` (two epochs, a short last batch each) as the eager step does. fp32, so that the comparison is tight
+    (bf16 at paper size is the evidence's bisect section)."""
+    cfg = TINY_TRAIN.model_copy(update={"epochs": 2, "device": "cuda", "amp": "off"})
     model_cfg = TINY_SA.model_copy(update={"dropout": 0.0, "attention_dropout": 0.0})
     data = synthetic_data(n_train=40, n_test=40)
     eager, whole = Recorder(tmp_path / "eager"), Recorder(tmp_path / "whole")
     run_trial(model_cfg, cfg, data, eager)
     run_trial(model_cfg, cfg.model_copy(update={"compile": "whole-step"}), data, whole)
-    tolerance = 1e-3 if amp == "off" else 3e-2
     for epoch in range(2):
         for key in ("train_loss", "test_loss"):
-            assert whole.metrics[epoch][key] == pytest.approx(eager.metrics[epoch][key], rel=tolerance), (epoch, key)
+            assert whole.metrics[epoch][key] == pytest.approx(eager.metrics[epoch][key], rel=1e-3), (epoch, key)
