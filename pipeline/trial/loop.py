@@ -249,9 +249,10 @@ def train_one_epoch(
     """One pass over the shuffled training set; returns mean loss, accuracy and the last step's lr.
 
     No step makes the host wait for the device: the shuffle and the augmentation of the whole epoch are drawn at its
-    start and moved to the device once, and each step's loss is kept on the device. The epoch's end (or a ``stop``) is the sync
-    point where a non-finite loss is looked for: then ``DivergedError`` names the first such step, and the trial fails
-    before anything of the epoch is reported or checkpointed (the weights past that step are garbage, never kept).
+    start and moved to the device once, and each step's loss is kept on the device. The epoch's end (or a ``stop``)
+    is the sync point where a non-finite loss is looked for: then ``DivergedError`` names the first such step, and the
+    trial fails before anything of the epoch is reported or checkpointed (the weights past that step are garbage,
+    never kept).
 
     A trial holding ``progress`` (resumed from a mid-epoch checkpoint) finishes that epoch: the same shuffle and
     augmentation, from the next batch. ``stop``, asked before every batch, raises ``EpochInterrupted`` when it returns

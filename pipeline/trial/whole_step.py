@@ -49,9 +49,9 @@ def require_cuda(device: torch.device) -> None:
 class WholeStep:
     """One training step of ``cfg.batch_size`` images over static device buffers, replayed as a CUDA graph.
 
-    ``step(index, augmentation)`` copies the batch's indices (B,) and crops/flips into the buffers, fills the
-    learning rates from the optimiser's groups, replays, and returns the step's loss and correct count: device
-    tensors that the next call overwrites (read them before it, as ``train_one_epoch`` does).
+    A call ``whole_step(index, augmentation)`` copies the batch's indices (B,) and crops/flips into the buffers, fills
+    the learning rates from the optimiser's groups, replays, and returns the step's loss and correct count: device
+    tensors that the next call overwrites (use them before it, as ``train_one_epoch`` does).
     """
 
     def __init__(
