@@ -10,6 +10,7 @@ device time goes: busy share, top kernels).
 
 Shared by them: ``common`` (synthetic device data, the reduced CPU size, command-line conventions),
 ``authors_pattern`` (the authors' way of computing Gaussian attention: the baseline of the GPU speed-up),
-``cifar_archive`` (CIFAR-10 archives in the real format, also for the tests) and ``gpu_machine`` (what a lent GPU
-machine has and which wheels travel to it).
+``cifar_archive`` (CIFAR-10 archives in the real format, also for the tests), ``gpu_machine`` (what a lent GPU
+machine has and which wheels travel to it) and ``step_bisect`` (ten training steps eager, compiled, graphed and
+whole-step from the same weights: the first path that departs; the evidence's first section).
 """

@@ -7,12 +7,14 @@ in the same run. Then seconds per epoch (50,000 training + 10,000 test images) a
 paper's 300-epoch schedule.
 
 Paths (each tested against ``plain``: tests/unit/pipeline/measure/test_speed.py and the files its docstring names,
-tests/unit/test_authors_pattern.py; graphed only on a GPU, by tests/unit/pipeline/trial/test_loop.py):
+tests/unit/test_authors_pattern.py; graphed and whole-step only on a GPU, by tests/unit/pipeline/trial/test_loop.py):
   plain       fp32, eager, exact dense attention
   optimised   bf16 autocast with fp32 master weights (CUDA; the CPU stays fp32, as train.amp does), eager
   compiled    optimised + torch.compile (compile time reported separately, in the "first s" column)
   graphed     optimised + torch.compile(mode="reduce-overhead"): the step replayed as CUDA graphs, one launch instead
               of hundreds, for batch 100, where the H200 was host-bound (CUDA only)
+  whole-step  optimised + torch.compile, the whole step (forward, backward, SGD) captured as one CUDA graph
+              (``train.compile: whole-step``, ``pipeline.trial.whole_step``; CUDA only)
   channels_last optimised with weights in channels-last layout, so cuDNN runs NHWC without converting around every
               convolution (which took 10-14 % of ResNet18's H200 time); convolutional models only
   truncated   optimised + locality-truncated attention (model.attention_window_eps = --eps); Gaussian models only
@@ -20,7 +22,8 @@ tests/unit/test_authors_pattern.py; graphed only on a GPU, by tests/unit/pipelin
               models only: the baseline our paths are compared with
 
 Every path runs the trainer's own loop (``pipeline.trial.loop.train_one_epoch`` / ``evaluate``): data held on the device
-as uint8, batched on-device augmentation, one host sync per step for the divergence check.
+as uint8, batched on-device augmentation drawn per epoch, no host sync per step (the divergence check reads the
+epoch's losses at its end).
 
 On a CPU it runs at reduced size (hidden 64, 2 layers, batch 8: still 16x16 tokens) and says so; the figures to
 quote are the GPU ones. Usage: ``python -m benchmarks.train_throughput [--help]``.
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -57,9 +60,10 @@ from pipeline.models import build_model
 from pipeline.trial.checkpoint import Trial
 from pipeline.trial.device import flush_subnormals, synchronize
 from pipeline.trial.loop import build_optimizer, build_scheduler, evaluate, train_one_epoch
+from pipeline.trial.whole_step import WholeStep
 
-PATHS = ("plain", "optimised", "compiled", "graphed", "channels_last", "truncated", "authors")
-CUDA_ONLY_PATHS = ("compiled", "graphed")  # torch.compile on a CPU measures compile time, not a GPU path
+PATHS = ("plain", "optimised", "compiled", "graphed", "whole-step", "channels_last", "truncated", "authors")
+CUDA_ONLY_PATHS = ("compiled", "graphed", "whole-step")  # torch.compile on a CPU measures compile time, not a GPU path
 TRAIN_IMAGES, TEST_IMAGES, EPOCHS = 50_000, 10_000, 300
 
 
@@ -74,6 +78,7 @@ class Row:
     peak_mib: float | None
     gflop_per_image: float
     mfu: float
+    batch_size: int | None = None
 
     @property
     def epoch_s(self) -> float:
@@ -179,7 +184,7 @@ def measure(
     if path in CUDA_ONLY_PATHS:
         torch._dynamo.reset()  # as train.compile does: earlier models' graphs must not fill the recompile limit
     runner = model
-    if path == "compiled":
+    if path in ("compiled", "whole-step"):
         runner = torch.compile(model)
     elif path == "graphed":
         runner = torch.compile(model, mode="reduce-overhead")
@@ -187,10 +192,14 @@ def measure(
     trial = Trial(model, optimizer, build_scheduler(optimizer, cfg, args.steps), generator, runner=runner)
     # Two batches each: CUDA graphs (the graphed path) run a warm-up call, then record on the second.
     warm = synthetic_device_data(device, 2 * args.batch_size, 2 * args.eval_batch_size, generator)
+    if path == "whole-step":  # the captured step reads the images it is built on: it warms up on the timed set's
+        warm = replace(warm, train_images=data.train_images[: 2 * args.batch_size])
 
     # First calls: CUDA/cuBLAS initialisation, and compilation of the train and eval graphs on the compiled path.
     synchronize(device)
     started = time.perf_counter()
+    if path == "whole-step":
+        trial.whole_step = WholeStep(trial, data, cfg, amp)  # compiles and captures
     train_one_epoch(trial, warm, cfg, amp)
     evaluate(runner, warm.test_images, warm.test_labels, warm, args.eval_batch_size, amp)
     synchronize(device)
@@ -218,6 +227,7 @@ def measure(
         peak_mib=None if memory is None else memory / 2**20,
         gflop_per_image=per_image / 1e9,
         mfu=per_image * train_ips / peak,
+        batch_size=args.batch_size,
     )
 
 

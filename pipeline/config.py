@@ -181,8 +181,10 @@ class TrainConfig(_Section):
     # torch.compile the model for training and evaluation (compile time is logged separately from epoch times):
     # true compiles with torch's default mode; "reduce-overhead" also replays each step as CUDA graphs (one launch
     # instead of hundreds: the paper's batch of 100 leaves a fast GPU waiting on the host), "max-autotune" searches
-    # kernels too. Both are torch.compile's own ``mode`` names.
-    compile: bool | Literal["reduce-overhead", "max-autotune"] = False
+    # kernels too (both torch.compile's own ``mode`` names). "whole-step" (CUDA only) compiles with the default mode
+    # and captures the whole training step, forward, backward and SGD update, as one CUDA graph replayed every full
+    # batch (``pipeline.trial.whole_step``).
+    compile: bool | Literal["reduce-overhead", "max-autotune", "whole-step"] = False
     seed: Seed = 0
     # Beyond the paper: train on this fraction of every class of the prepared training set (ConViT's
     # ``--sampling_ratio``), drawn by ``pipeline.data.subset``; the test set never shrinks. 1.0 = all of it.

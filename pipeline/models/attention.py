@@ -8,8 +8,8 @@ them back. Block h of that weight is the per-head ``W(h) = W_val(h) W_out[block 
 makes the convolution construction of Theorem 1 exact (see ``conv_to_attention.py``).
 
 Because the scores depend on positions only, the (H, N, N) attention probabilities are computed once per forward
-pass and applied to the whole batch as one matmul, never once per image. ``probs_for(x, grid)`` is the one question
-every user of the probabilities asks, the forward pass and the locality measured in the trial
+pass and applied to the whole batch in one batched matmul, never computed once per image. ``probs_for(x, grid)`` is
+the one question every user of the probabilities asks, the forward pass and the locality measured in the trial
 (``pipeline.trial.locality``): "which probabilities does this layer apply to this input?". Here the answer ignores
 ``x``; an attention that reads the content (content + position, as in ConViT's gated heads) overrides
 ``probs_for`` to return per-image (B, H, N, N) probabilities, and runs and is measured correctly without other changes.
@@ -89,9 +89,12 @@ class MultiHeadSelfAttention(nn.Module):
             return self.headless(x)
         probs = self.attention_dropout(self.probs_for(x, grid)).to(x.dtype)  # (H, N, N), or (B, H, N, N)
         if probs.dim() == 3:
-            # One (H*N, N) @ (N, B*D) matmul for the whole batch: every image shares the same probabilities.
-            values = x.transpose(0, 1).reshape(N, B * D)  # (N, B*D)
-            mixed = (probs.reshape(H * N, N) @ values).view(H, N, B, D).permute(2, 1, 0, 3)  # (B, N, H, D)
+            # Every image shares the probabilities: rows ordered (query, head), one batched matmul whose output is
+            # already (B, N, H, D) in memory, the layout ``value`` reads. Only the small (H, N, N) probabilities are
+            # reordered; mixing in (H, N, B, D) order and permuting that to (B, N, H, D) copied H times the
+            # activations, forward and backward (the largest kernel of the SA step on an H200).
+            rows = probs.transpose(0, 1).reshape(N * H, N)  # (N*H, N)
+            mixed = torch.bmm(rows.expand(B, N * H, N), x)  # (B, N*H, D)
         else:  # probabilities of each image (an attention that reads the content): one (H*N, N) @ (N, D) per image,
             # not H of them against x broadcast per head (which copies x H times and sums its gradient over heads)
             mixed = (probs.reshape(B, H * N, N) @ x).view(B, H, N, D).transpose(1, 2)  # (B, N, H, D)

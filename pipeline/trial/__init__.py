@@ -4,6 +4,7 @@
                     nothing of Ray or MLflow
 - ``checkpoint``    the checkpoint's format, writing and loading, and the RNG state it carries
 - ``locality``      where each head looks, measured every epoch from each layer's own input
+- ``whole_step``    ``train.compile: whole-step``: forward, backward and SGD captured as one CUDA graph
 - ``device``        where a trial runs and in which precision, decided once and recorded
 - ``report``        the contract with the driver: the per-epoch report's keys and the checkpoint's files
 - ``code_version``  a trial's code identity (the normalised source of what it runs), and its check that it runs the

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,8 @@ class Trial:
     scheduler: LambdaLR
     generator: torch.Generator  # shuffling and augmentation (CPU)
     runner: nn.Module | None = None  # what forward passes call: ``model`` or its torch.compile wrapper
+    # ``train.compile: whole-step``: a full batch's step replayed as one CUDA graph (``pipeline.trial.whole_step``)
+    whole_step: Callable[[torch.Tensor, Any], tuple[torch.Tensor, torch.Tensor]] | None = None
     epoch: int = 0  # completed epochs
     metrics_history: list[dict[str, float]] = field(default_factory=list)
     head_history: list[dict[str, Any]] = field(default_factory=list)

@@ -82,12 +82,13 @@ def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None
 
 
 @contextlib.contextmanager
-def autocast(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
-    """Mixed precision for the forward pass only; a no-op when ``dtype`` is None."""
+def autocast(device: torch.device, dtype: torch.dtype | None, *, cache: bool = True) -> Iterator[None]:
+    """Mixed precision for the forward pass only; a no-op when ``dtype`` is None. ``cache=False`` inside a CUDA graph
+    capture, as torch's CUDA-graph notes ask: casts cached during capture would outlive it."""
     if dtype is None:
         yield
         return
-    with torch.autocast(device_type=device.type, dtype=dtype):
+    with torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache):
         yield
 
 

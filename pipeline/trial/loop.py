@@ -5,13 +5,14 @@ centres and spreads, cosine decay after a linear warm-up over ``warmup_fraction`
 epoch`` reproduces the authors' code, which steps that schedule once per epoch (so epoch 0 trains at lr 0);
 ``schedule: step`` updates it every optimiser step.
 
-The whole dataset stays in memory on the training device (uint8), and shuffling and augmentation are batched
-tensor ops drawn from one explicit CPU ``torch.Generator``: no DataLoader workers, and the same draws on CPU
-and GPU. Every RNG state (that generator, torch's global CPU generator used by dropout, CUDA's when used) is
-checkpointed, so a run resumed from epoch k's checkpoint ends with bit-for-bit the weights of an uninterrupted
-run on the CPU. A caller's ``stop`` check, asked before every batch, ends a trial mid-epoch with a checkpoint of the
-epoch in progress (``EpochProgress``): resumed from it, the trial finishes that epoch from the next batch, again bit
-for bit. That is how a trial leaves a node being drained (``pipeline.trial.preemption``) losing no finished batch.
+The whole dataset stays in memory on the training device (uint8), and shuffling and augmentation are batched tensor
+ops drawn from one explicit CPU ``torch.Generator``, a whole epoch's at its start: no DataLoader workers, the same
+draws on CPU and GPU, and no step waiting on the host. Every RNG state (that generator, torch's global CPU generator
+used by dropout, CUDA's when used) is checkpointed, so a run resumed from epoch k's checkpoint ends with bit-for-bit
+the weights of an uninterrupted run on the CPU. A caller's ``stop`` check, asked before every batch, ends a trial
+mid-epoch with a checkpoint of the epoch in progress (``EpochProgress``): resumed from it, the trial finishes that
+epoch from the next batch, again bit for bit. That is how a trial leaves a node being drained
+(``pipeline.trial.preemption``) losing no finished batch.
 
 ``run_trial`` knows nothing about Ray or MLflow: the caller's ``reporter`` receives each epoch's scalar
 metrics and a checkpoint directory that is valid only during the call (Ray copies it; a test may just read
@@ -58,6 +59,8 @@ from pipeline.trial.device import (
 )
 from pipeline.trial.locality import LOCALITY_BATCH, layer_summary, measure_locality
 from pipeline.trial.report import INITIAL_PREFIX, METRIC_KEYS, VALIDATION_KEYS
+from pipeline.trial.whole_step import MODE as WHOLE_STEP
+from pipeline.trial.whole_step import WholeStep, require_cuda
 
 if TYPE_CHECKING:
     from pipeline.data.prepared import PreparedData
@@ -189,20 +192,46 @@ def augment_batch(images: Tensor, padding: int, generator: torch.Generator, *, h
     ``RandomCrop(padding=p)`` on the raw image. Random draws come from ``generator`` (on the CPU, so CPU and
     GPU runs see the same crops); the result has the input's shape and device.
     """
+    offsets, flips = draw_augmentation([len(images)], padding, generator, hflip=hflip)
+    return apply_augmentation(images, padding, offsets.to(images.device), flips.to(images.device))
+
+
+def draw_augmentation(
+    sizes: list[int], padding: int, generator: torch.Generator, *, hflip: bool = True
+) -> tuple[Tensor, Tensor]:
+    """The crops and flips of consecutive batches of ``sizes``, drawn at once: (2, sum(sizes)) offsets, (sum,) flips.
+
+    The draws are made batch by batch in the order ``augment_batch`` makes them (the crops, then the flips, of each
+    batch), so drawing an epoch's at its start gives the same numbers as drawing each batch's before it, and moving
+    them to the device once spares every step a host-to-device copy. Without padding the offsets are zero, without
+    ``hflip`` no image is flipped; neither then draws.
+    """
+    offsets, flips = [], []
+    for size in sizes:
+        if padding > 0:
+            offsets.append(torch.randint(0, 2 * padding + 1, (2, size), generator=generator))  # (2, B)
+        if hflip:
+            flips.append(torch.rand(size, generator=generator) < 0.5)  # (B,)
+    n = sum(sizes)
+    return (
+        torch.cat(offsets, dim=1) if offsets else torch.zeros(2, n, dtype=torch.int64),
+        torch.cat(flips) if flips else torch.zeros(n, dtype=torch.bool),
+    )
+
+
+def apply_augmentation(images: Tensor, padding: int, offsets: Tensor, flips: Tensor) -> Tensor:
+    """``images`` (B, C, H, W) cropped at ``offsets`` (2, B) of the zero-padded images and flipped where ``flips``
+    (B,), all on the images' device (no draw, no host sync: a captured step can run it)."""
     B, C, H, W = images.shape  # noqa: N806
     device = images.device
     if padding > 0:
         padded = F.pad(images, (padding, padding, padding, padding))  # (B, C, H + 2p, W + 2p)
-        offsets = torch.randint(0, 2 * padding + 1, (2, B), generator=generator).to(device)  # (2, B)
         rows = offsets[0, :, None] + torch.arange(H, device=device)  # (B, H)
         cols = offsets[1, :, None] + torch.arange(W, device=device)  # (B, W)
         batch = torch.arange(B, device=device)[:, None, None, None]
         channel = torch.arange(C, device=device)[None, :, None, None]
         images = padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]  # (B, C, H, W)
-    if not hflip:
-        return images
-    flip = (torch.rand(B, generator=generator) < 0.5).to(device)  # (B,)
-    return torch.where(flip[:, None, None, None], images.flip(-1), images)
+    return torch.where(flips[:, None, None, None], images.flip(-1), images)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -219,53 +248,88 @@ def train_one_epoch(
 ) -> dict[str, float]:
     """One pass over the shuffled training set; returns mean loss, accuracy and the last step's lr.
 
-    A trial holding ``progress`` (resumed from a mid-epoch checkpoint) finishes that epoch: the same shuffle, from the
-    next batch. ``stop``, asked before every batch, raises ``EpochInterrupted`` when it returns True. Raises
-    ``DivergedError`` at the first non-finite loss, before it reaches the weights.
+    No step makes the host wait for the device: the shuffle and the augmentation of the whole epoch are drawn at its
+    start and moved to the device once, and each step's loss is kept on the device. The epoch's end (or a ``stop``)
+    is the sync point where a non-finite loss is looked for: then ``DivergedError`` names the first such step, and the
+    trial fails before anything of the epoch is reported or checkpointed (the weights past that step are garbage,
+    never kept).
+
+    A trial holding ``progress`` (resumed from a mid-epoch checkpoint) finishes that epoch: the same shuffle and
+    augmentation, from the next batch. ``stop``, asked before every batch, raises ``EpochInterrupted`` when it returns
+    True. ``trial.whole_step`` (``train.compile: whole-step``), when set, runs every full batch as one CUDA graph.
     """
     model, optimizer, scheduler = trial.model, trial.optimizer, trial.scheduler
     model.train()
     device = data.train_labels.device
     n = data.train_labels.numel()
     progress = trial.progress
-    if progress is None:
-        start_rng = trial.generator.get_state()
-        order = torch.randperm(n, generator=trial.generator).to(device)  # (N,)
-    else:  # the interrupted epoch's shuffle, then the generator where that run left it
-        start_rng, now = progress.start_rng, trial.generator.get_state()
-        trial.generator.set_state(start_rng)
-        order = torch.randperm(n, generator=trial.generator).to(device)  # (N,)
-        trial.generator.set_state(now)
+    start_rng = progress.start_rng if progress is not None else trial.generator.get_state()
+    trial.generator.set_state(start_rng)  # a resumed epoch draws again what its first run drew
+    order = torch.randperm(n, generator=trial.generator).to(device)  # (N,)
+    sizes = [min(cfg.batch_size, n - start) for start in range(0, n, cfg.batch_size)]
+    if cfg.augment:
+        offsets, flips = (
+            t.to(device) for t in draw_augmentation(sizes, cfg.crop_padding, trial.generator, hflip=cfg.hflip)
+        )
     loss_sum = torch.tensor(progress.loss_sum if progress else 0.0, device=device)  # float32, as the sum was
     correct = torch.tensor(progress.correct if progress else 0, dtype=torch.int64, device=device)
+    losses = torch.zeros(len(sizes), device=device)  # each step's loss: the divergence check reads them at the end
     lr = progress.lr if progress else optimizer.param_groups[0]["lr"]
     done = progress.steps if progress else 0
     for step, start in enumerate(range(0, n, cfg.batch_size)):
         if step < done:
             continue
         if stop is not None and stop():
+            _check_finite(losses[done:step], trial.epoch + 1, done)
             raise EpochInterrupted(EpochProgress(start_rng, step, loss_sum.item(), int(correct.item()), lr))
-        index = order[start : start + cfg.batch_size]  # (B,)
-        images = data.train_images[index].float().div_(255)  # (B, C, H, W) in [0, 1]
-        if cfg.augment:
-            images = augment_batch(images, cfg.crop_padding, trial.generator, hflip=cfg.hflip)
-        labels = data.train_labels[index]  # (B,)
+        batch = slice(start, start + cfg.batch_size)
+        augmentation = (offsets[:, batch], flips[batch]) if cfg.augment else None
         lr = optimizer.param_groups[0]["lr"]
-        with autocast(device, amp_dtype):
-            logits = trial.runner(data.normalise(images))  # (B, classes)
-        loss = F.cross_entropy(logits.float(), labels)
-        if not torch.isfinite(loss):  # one host sync per step: cheap next to a step, and stops at the culprit
-            raise DivergedError(trial.epoch + 1, step, loss.item())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        if trial.whole_step is not None and sizes[step] == cfg.batch_size:
+            loss, hits = trial.whole_step(order[batch], augmentation)
+        else:
+            loss, hits = train_step(trial, data, cfg, amp_dtype, order[batch], augmentation)
         if cfg.schedule == "step":
             scheduler.step()
-        loss_sum += loss.detach() * labels.numel()
-        correct += (logits.argmax(dim=1) == labels).sum()
+        losses[step] = loss
+        loss_sum += loss * sizes[step]
+        correct += hits
+    _check_finite(losses[done:], trial.epoch + 1, done)
     if cfg.schedule == "epoch":
         scheduler.step()
     return {"train_loss": loss_sum.item() / n, "train_acc": correct.item() / n, "lr": lr}
+
+
+def train_step(
+    trial: Trial,
+    data: DeviceData,
+    cfg: TrainConfig,
+    amp_dtype: torch.dtype | None,
+    index: Tensor,
+    augmentation: tuple[Tensor, Tensor] | None,
+) -> tuple[Tensor, Tensor]:
+    """One optimiser step on the training images at ``index`` (B,), with their crops and flips (``augmentation``):
+    returns the loss (detached) and the number of correct predictions, both on the device, without a host sync."""
+    images = data.train_images[index].float().div_(255)  # (B, C, H, W) in [0, 1]
+    if augmentation is not None:
+        images = apply_augmentation(images, cfg.crop_padding, *augmentation)
+    labels = data.train_labels[index]  # (B,)
+    with autocast(images.device, amp_dtype):
+        logits = trial.runner(data.normalise(images))  # (B, classes)
+    loss = F.cross_entropy(logits.float(), labels)
+    trial.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    trial.optimizer.step()
+    return loss.detach(), (logits.argmax(dim=1) == labels).sum()
+
+
+def _check_finite(losses: Tensor, epoch: int, first_step: int) -> None:
+    """Raise ``DivergedError`` for the first non-finite of ``losses`` (steps ``first_step``... of the epoch): the one
+    host sync of the divergence check, at the epoch's end."""
+    finite = torch.isfinite(losses)
+    if not bool(finite.all()):
+        bad = int((~finite).nonzero()[0, 0])
+        raise DivergedError(epoch, first_step + bad, float(losses[bad]))
 
 
 @torch.no_grad()  # not inference_mode: encodings cache offset tensors that training later uses in autograd
@@ -343,29 +407,35 @@ def _compile(trial: Trial, data: DeviceData, cfg: TrainConfig, amp_dtype: torch.
     # (reuse_actors): without a reset, graphs of earlier trials' models fill the recompile limit and a later
     # trial silently runs eagerly.
     torch._dynamo.reset()
-    mode = cfg.compile if isinstance(cfg.compile, str) else None  # true: torch's default mode
+    # true: torch's default mode; whole-step: the default mode, inside the step's own CUDA graph
+    mode = cfg.compile if isinstance(cfg.compile, str) and cfg.compile != WHOLE_STEP else None
     trial.runner = torch.compile(model, mode=mode)  # shares model's parameters; the checkpoint keeps the eager names
     rng = rng_state(trial.generator, device)
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     started = time.perf_counter()
     model.train()
-    # Every batch shape an epoch will see: the full batch and, when the set does not divide, the last one.
+    # Every batch shape an epoch will see: the full batch and, when the set does not divide, the last one. Each
+    # backward's gradients are dropped before the next pass: a second backward adding into the first's would make it
+    # read what a CUDA graph's replay has since overwritten ("accessing tensor output of CUDAGraphs that has been
+    # overwritten", the graphed SA step inside run_trial on an H200).
     n_train = data.train_labels.numel()
     for size in sorted({min(cfg.batch_size, n_train), n_train % cfg.batch_size} - {0}, reverse=True):
         images = data.normalise(data.train_images[:size].float().div(255))  # (size, C, H, W)
         with autocast(device, amp_dtype):
             logits = trial.runner(images)
         F.cross_entropy(logits.float(), data.train_labels[:size]).backward()
+        model.zero_grad(set_to_none=True)
     for images, labels in _eval_sets(data).values():  # a full and the last eval batch of each set
         n_eval = min(len(labels), cfg.eval_batch_size + len(labels) % cfg.eval_batch_size)
         evaluate(trial.runner, images[:n_eval], labels[:n_eval], data, cfg.eval_batch_size, amp_dtype)
-    synchronize(device)
-    seconds = time.perf_counter() - started
-    model.zero_grad(set_to_none=True)
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             buffer.copy_(buffers[name])
     restore_rng(rng, trial.generator, device)
+    if cfg.compile == WHOLE_STEP and n_train >= cfg.batch_size:  # its own warm-up, state put back likewise
+        trial.whole_step = WholeStep(trial, data, cfg, amp_dtype)
+    synchronize(device)
+    seconds = time.perf_counter() - started
     return seconds
 
 
@@ -451,6 +521,8 @@ def run_trial(
     if resume_from is not None and init_from is not None:
         raise ValueError("pass resume_from (continue a run) or init_from (start a new one), not both")
     device = resolve_device(train_cfg)
+    if train_cfg.compile == WHOLE_STEP:
+        require_cuda(device)
     flush_subnormals(device)
     amp_dtype = autocast_dtype(train_cfg, device)
     resume = load_checkpoint(resume_from) if resume_from is not None else None
@@ -526,10 +598,13 @@ __all__ = [
     "Reporter",
     "Stopped",
     "WarmupCosine",
+    "apply_augmentation",
     "augment_batch",
+    "draw_augmentation",
     "build_optimizer",
     "build_scheduler",
     "evaluate",
     "run_trial",
     "train_one_epoch",
+    "train_step",
 ]

@@ -80,6 +80,34 @@ def test_batched_attention_equals_per_image_loop(enc) -> None:
         torch.testing.assert_close(out[b], layer.value(heads))
 
 
+def _permuted_mixture(layer: MultiHeadSelfAttention, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """The layer as it computed the head mixture until 2026-11-29: heads mixed in (H, N, B, D) order, then permuted
+    (a copy of H times the activations) to the (B, N, H*D) rows the output projection reads."""
+    B, N, D = x.shape  # noqa: N806
+    H = layer.num_heads  # noqa: N806
+    probs = layer.attention_dropout(layer.probs_for(x, grid)).to(x.dtype)  # (H, N, N)
+    values = x.transpose(0, 1).reshape(N, B * D)  # (N, B*D)
+    mixed = (probs.reshape(H * N, N) @ values).view(H, N, B, D).permute(2, 1, 0, 3)  # (B, N, H, D)
+    return layer.value(mixed.reshape(B, N, H * D))
+
+
+@pytest.mark.parametrize("enc", _encodings(), ids=positional_encodings())
+def test_the_mixture_without_the_permute_copy_equals_the_old_layer_in_float64(enc) -> None:
+    """The layout change alters float32 operation order only: in float64, on the same weights and inputs, outputs and
+    every gradient (input, value weights, encoding parameters) agree with the permuting layer to 1e-12."""
+    layer = MultiHeadSelfAttention(enc, in_dim=5, out_dim=7).double().eval()
+    x = torch.randn(3, 12, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    results = []
+    for forward in (layer, lambda x, grid: _permuted_mixture(layer, x, grid)):
+        layer.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_()
+        out = forward(leaf, GRID)  # (B, N, out)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)).sum().backward()
+        results.append([out.detach(), leaf.grad, *(p.grad for p in layer.parameters())])
+    for new, old in zip(*results, strict=True):
+        torch.testing.assert_close(new, old, rtol=1e-12, atol=1e-12 * old.abs().max().item())
+
+
 @pytest.mark.parametrize("enc", _encodings(), ids=positional_encodings())
 def test_pruning_a_head_equals_zeroing_its_value_columns(enc) -> None:
     layer = MultiHeadSelfAttention(enc, in_dim=5).eval()
