@@ -120,7 +120,10 @@ FAULT_MODULES = {
         "test_orphans",
     )
 }
-GROUP_ORDER = ("local-ray", "local-ray-faults", "two-node-cluster")  # costliest first
+# The SLURM cluster's tests (their own daemons, namespaces and Ray per job) need nothing of the two-node cluster: a
+# group of their own, so the other worker can run them beside it.
+SLURM_MODULE = "tests/cluster/test_slurm.py"
+GROUP_ORDER = ("local-ray", "local-ray-faults", "two-node-cluster", "slurm-cluster")  # costliest first
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -130,6 +133,8 @@ def xdist_scope(nodeid: str) -> str:
         return "local-ray-faults"
     if module.startswith(INTEGRATION):
         return "local-ray"
+    if module == SLURM_MODULE:
+        return "slurm-cluster"
     if module.startswith("tests/cluster/"):
         return "two-node-cluster"
     return module

@@ -1,4 +1,5 @@
-"""A real multi-node Ray cluster on this machine and a copy of the project whose tune stage attaches to it.
+"""A real multi-node Ray cluster on this machine and a copy of the project whose tune stage attaches to it; and a real
+SLURM cluster (``slurm_cluster``, ``tests/cluster/slurm.py``) with a tracking server its nodes reach.
 
 The session's cluster has two nodes (a head and a worker) of one CPU each; a module adds nodes of its own (more CPUs,
 declared GPUs) with ``LocalCluster.start_node`` and stops them when it is done.
@@ -28,6 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.sweep.tracking.server import MlflowServer
+from tests.cluster.slurm import SlurmCluster, slurm_missing, start_slurm_cluster, stop_slurm_cluster
 from tests.project_copy import copy_project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,3 +273,28 @@ def epochs_logged(db_path: Path, run_id: str) -> list[int]:
                 "SELECT step FROM metrics WHERE run_uuid = ? AND key = 'test_acc' ORDER BY step", (run_id,)
             )
         ]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """A real SLURM cluster of three one-CPU nodes, each in its own network namespace (``tests/cluster/slurm.py``);
+    skipped, naming the missing package or right, where it cannot start (CI installs slurm-wlm and munge: .ci/run)."""
+    if missing := slurm_missing():
+        pytest.skip(missing)
+    started = start_slurm_cluster(node_count=3, cpus=1)
+    try:
+        yield started
+    finally:
+        stop_slurm_cluster(started)
+
+
+@pytest.fixture(scope="session")
+def slurm_tracking(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """The lab's tracking server as the SLURM nodes see it: an ``mlflow server`` on the cluster's bridge address
+    (every node's namespace reaches it; its sqlite store is read by the tests)."""
+    server = MlflowServer(tmp_path_factory.mktemp("slurm-mlflow"), host=slurm_cluster.bridge_ip)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

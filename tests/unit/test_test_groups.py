@@ -1,6 +1,6 @@
 """`make test`'s two workers: the integration tests split in two groups (each starts its own Ray, MLflow server and
-project copy), the two-node cluster in one, every other module on its own; a renamed module must not drop out of its
-group silently."""
+project copy), the two-node cluster in one, the SLURM cluster in one, every other module on its own; a renamed module
+must not drop out of its group silently."""
 
 from __future__ import annotations
 
@@ -22,4 +22,5 @@ def test_tests_go_to_their_group() -> None:
     # The GPU nodes join the session's cluster: that module must run in the worker that started it.
     assert xdist_scope("tests/cluster/test_gpu_nodes.py::test_x") == "two-node-cluster"
     assert xdist_scope("tests/unit/test_layout.py::test_x") == "tests/unit/test_layout.py"
-    assert set(GROUP_ORDER) == {"local-ray", "local-ray-faults", "two-node-cluster"}
+    assert xdist_scope("tests/cluster/test_slurm.py::test_x") == "slurm-cluster"
+    assert set(GROUP_ORDER) == {"local-ray", "local-ray-faults", "two-node-cluster", "slurm-cluster"}

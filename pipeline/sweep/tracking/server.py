@@ -1,6 +1,7 @@
 """A real ``mlflow server`` of our own: the tests' tracking server, the benchmarks' (load, planning at scale).
 
-As MLflow 3.17 needs it here: ``--workers 1`` (a uvicorn worker holds ~0.5 GiB), no job runner, 127.0.0.1 only, an
+As MLflow 3.17 needs it here: ``--workers 1`` (a uvicorn worker holds ~0.5 GiB), no job runner, 127.0.0.1 only (or
+the address of a bridge a test created, for the SLURM nodes in their namespaces), an
 sqlite store and a proxied artifact folder; ready when ``/health`` answers; stopped by its process group, never by
 name. A restart after ``kill`` is the same server (port and store): the outage tests rely on it.
 """
@@ -19,21 +20,21 @@ from pathlib import Path
 START_TIMEOUT_S = 90.0
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now, on 127.0.0.1."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now, on ``host``."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 class MlflowServer:
-    """``mlflow server`` on a free 127.0.0.1 port, its sqlite store ``database`` (default ``home/mlflow.db``) and
-    artifacts under ``home``; its log in ``home/server.log``."""
+    """``mlflow server`` on a free port of ``host`` (127.0.0.1; the SLURM tests' bridge address), its sqlite store
+    ``database`` (default ``home/mlflow.db``) and artifacts under ``home``; its log in ``home/server.log``."""
 
-    def __init__(self, home: Path, database: Path | None = None) -> None:
-        self.home, self.port = Path(home), free_port()
+    def __init__(self, home: Path, database: Path | None = None, host: str = "127.0.0.1") -> None:
+        self.home, self.host, self.port = Path(home), host, free_port(host)
         self.database = database or self.home / "mlflow.db"
-        self.uri = f"http://127.0.0.1:{self.port}"
+        self.uri = f"http://{host}:{self.port}"
         self.log = self.home / "server.log"
         self.process: subprocess.Popen | None = None
 
@@ -49,7 +50,7 @@ class MlflowServer:
             "--artifacts-destination",
             str(self.home / "mlartifacts"),
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--workers",
