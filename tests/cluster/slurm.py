@@ -7,12 +7,17 @@ namespace per node joined to it by a veth pair, one address per node in a /24 no
 ``slurmd -N nX`` is started with ``nsenter --net=/run/netns/NAME`` (``ip netns exec`` remounts /sys, and slurmd then
 finds no cgroup filesystem). Every daemon and client command reads the cluster's own ``slurm.conf`` through
 ``SLURM_CONF`` (never the machine's /etc/slurm) and its own ``munged`` through ``AuthInfo=socket=...``; each node has
-its own port, spool and log. ``stop`` cancels the cluster's jobs, stops exactly the daemons it started by PID and
-deletes exactly the namespaces and links it created, by name. Needs root (namespaces, SLURM's ``SlurmUser=root``),
-``slurm-wlm`` and ``munge`` (``.ci/run`` installs them); ``slurm_missing`` says what is not there.
+its own port, spool and log. ``stop`` cancels the cluster's jobs, stops exactly the daemons it started by PID, and
+deletes exactly the namespaces and links it created and the Ray folders its jobs left (all named after it). Needs
+root (namespaces, SLURM's ``SlurmUser=root``), ``slurm-wlm`` and ``munge`` (``.ci/run`` installs them);
+``slurm_missing`` says what is missing.
 
-Used by ``tests/cluster/test_slurm.py`` through the ``slurm_cluster`` fixture (``tests/cluster/conftest.py``); a test
-of its own submits with ``SlurmCluster.sbatch`` and follows the job with ``job_state`` / ``wait_for_job``.
+Reuse: the session's ``slurm_cluster`` fixture (``tests/cluster/conftest.py``: three one-CPU nodes) and
+``slurm_tracking`` (an MLflow server on the bridge, its sqlite store readable by the test). A test submits with
+``SlurmCluster.sbatch`` (the job id), follows it with ``job`` / ``job_state`` / ``wait_for_job``, and runs any client
+command (``scontrol requeue``, ``scancel --signal``) with ``command``; ``nodes`` maps node names to their addresses.
+``start_slurm_cluster(node_count, cpus)`` builds another (a module of its own, other partitions: edit
+``_write_conf``).
 """
 
 from __future__ import annotations
@@ -297,6 +302,8 @@ class SlurmCluster:
         for link in self.links:
             if Path(f"/sys/class/net/{link}").exists():
                 subprocess.run(["ip", "link", "delete", link], capture_output=True)
+        for ray_dir in Path("/tmp").glob(f"ray-{self.tag}-*"):  # a job's node folders (ray_node.sh), if one was killed
+            shutil.rmtree(ray_dir, ignore_errors=True)
 
     def job_ids(self) -> list[str]:
         return self.command("squeue", "-h", "-o", "%i", check=False).stdout.split()
