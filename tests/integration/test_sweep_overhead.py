@@ -54,3 +54,8 @@ def test_sweep_at_scale_makes_the_same_requests_per_trial_at_every_size(ray_addr
         "set_terminated": 1,
     }, by_method
     assert re.search(r"^overhead: [\d.-]+ % \(ours\), [\d.-]+ % \(bare Ray Tune\)$", out, re.M), out
+    ratio = re.search(r"^wall ratio to bare Ray Tune: ([\d.]+)$", out, re.M)
+    assert ratio and float(ratio.group(1)) > 0, out
+    assert re.search(
+        r"^CPU s per trial: our driver [\d.]+, its tracking server -; bare Ray Tune's driver [\d.]+$", out, re.M
+    )
