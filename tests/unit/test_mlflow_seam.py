@@ -125,6 +125,18 @@ def test_no_client_is_built_or_called_outside_the_seam() -> None:
     assert not outside, f"a raw MLflow client outside {SEAM} (use its Store): {outside}"
 
 
+def test_the_product_probes_a_server_in_one_place() -> None:
+    # ``pipeline.io.check_tracking_server`` stays only because pipeline/io.py is a dep of the prepare stage
+    calls = [
+        f"{name}:{node.lineno}"
+        for name, tree in product_files()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", "")) == "check_tracking_server"
+    ]
+    assert not calls, f"probe the server through Store.check_answers (store.health): {calls}"
+
+
 def test_the_rest_of_the_project_imports_the_face_alone() -> None:
     wrong, used = [], set()
     for name, tree in product_files():
