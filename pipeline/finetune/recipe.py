@@ -33,8 +33,7 @@ class Recipe(Protocol):
     def sources(
         self, params: Params, manifest: TuneManifest, manifest_path: Path
     ) -> tuple[list[tuple[str, TrialRecord]], list[dict[str, str]] | None]:
-        """(the variant the built model trains as, its source trial), and the sources skipped with why (None: this
-        recipe refuses instead of skipping)."""
+        """(the variant the built model trains as, its source), and those skipped with why (None: it refuses)."""
 
     def build(self, params: Params, name: str, source: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
         """The model built from a trained ``source`` (left as it is), and what the entry and the run keep of it."""
@@ -62,8 +61,7 @@ class Recipe(Protocol):
         """The fine-tuning run's description (Markdown in the MLflow UI)."""
 
     def entry_of(self, plan: Any, run: dict[str, Any]) -> Any:
-        """The manifest entry: ``run`` holds the fine-tuning run's fields (``trained_fields`` or ``reused_fields``),
-        ``start_dir``, ``key`` and ``step0``."""
+        """The manifest entry; ``run``: the fine-tuning run's fields, ``start_dir``, ``key``, ``step0``."""
 
     def log_line(self, entry: Any) -> str:
         """One line per model in the stage's log."""

@@ -67,13 +67,9 @@ def finetune_code(params: Params, variant: str, rule: str) -> str:
 
 
 def model_key(recipe: Recipe, params: Params, plan: Plan) -> str:
-    """Identity of one built and fine-tuned model: its source trial's identity, the code of the recipe's rule
-    (``Recipe.rule_module``) and of its fine-tuning, and the recipe's config. A finished run of the same key is
-    reused."""
-    code = finetune_code(params, plan.name, recipe.rule_module)
-    return params_hash(
-        {"source": source_identity(plan.source), recipe.stage: recipe.identity(params, plan), "code": code}
-    )
+    """A built and fine-tuned model's identity: its source trial's, its rule's and fine-tuning's code, the recipe's."""
+    source, code = source_identity(plan.source), finetune_code(params, plan.name, recipe.rule_module)
+    return params_hash({"source": source, recipe.stage: recipe.identity(params, plan), "code": code})
 
 
 def finetune_rule(recipe: Recipe, params: Params) -> dict[str, Any]:
@@ -209,8 +205,7 @@ class FineTune(TrackedStage):
         for plan in (p for p in self.plans if p.key not in self.reused):
             summary = {"params": {}, "tags": {}, "artifacts": {}, **recipe.start(self.params, plan, self.device_data)}
             start_dir = path / recipe.start_folder / plan.key
-            model_cfg = self.params.model_for(plan.name)
-            shape, classes = plan.image_shape, plan.num_classes
+            shape, classes, model_cfg = plan.image_shape, plan.num_classes, self.params.model_for(plan.name)
             save_start_checkpoint(start_dir, plan.model, model_cfg, image_shape=shape, num_classes=classes)
             self.summaries[plan.key] = {
                 **summary,
@@ -222,10 +217,9 @@ class FineTune(TrackedStage):
             }
             trials.append({**trial_config(by_plan[plan.key]), "init_from": str(start_dir)})
         params_json = self.tuner_params.model_dump(mode="json")
-        describe = functools.partial(
+        return trials, functools.partial(
             run_info, params_json=params_json, data_hash=self.data_hash, plans=self.summaries, recipe=recipe
         )
-        return trials, describe
 
     def models(self, records: list[TrialRecord]) -> list[Any]:
         """Every planned model's entry, fine-tuned in this run (from its record) or reused."""
