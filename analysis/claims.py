@@ -28,7 +28,7 @@ from analysis.runs import LoadedRun, LoadedStudy
 from analysis.variants import Variant
 from pipeline.models.conv_to_attention import theorem_error_vs_alpha
 from pipeline.sweep.manifest import FINISHED
-from pipeline.sweep.tracking.ui import runs_url
+from pipeline.sweep.tracking import ui
 
 QUADRATIC, GENERALIZED, LEARNED = "sa_quadratic_9", "sa_generalized_9", "sa_learned_9"
 PRUNED = GENERALIZED + "_pruned"
@@ -393,4 +393,4 @@ def run_link(study: LoadedStudy) -> Callable[[list[str]], str]:
     """The MLflow UI page of some of the study's runs: its server, or `make ui`'s address for a local store."""
     uri = study.tracking_uri
     base = uri if uri.startswith(("http://", "https://")) else UI_BASE
-    return lambda ids: runs_url(base, study.experiment_id, ids)
+    return lambda ids: ui.runs_url(base, study.experiment_id, ids)

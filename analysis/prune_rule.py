@@ -3,7 +3,7 @@
 The paper (App. A.1) cuts a generalized head when its ``Sigma^-1`` is flat (largest eigenvalue below a bound) or a
 thin stripe (condition number above a bound): ``prune.mode: threshold``. ``prune.mode: fraction`` is ours: a fixed
 share of every layer's heads, sharp ones included, so its accuracy after pruning answers another question than the
-paper's 93.40 % and is never set beside it. The rule comes from the prune manifest (``PruneManifest.rule``), so every
+paper's 93.40 % and is never set beside it. The rule comes from the prune manifest (its ``rule``), so every
 sentence about it says what the run did, not what params.yaml says today.
 """
 

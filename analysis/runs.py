@@ -1,6 +1,7 @@
 """The runs a study's manifests name, fetched from MLflow: params, metrics, per-epoch curves and checkpoints.
 
-The only analysis module that imports MLflow. It fetches exactly the runs named in the tune manifest (and the prune
+The only analysis module that reads MLflow, through the project's one store interface (``pipeline.sweep.tracking``
+``Store``). It fetches exactly the runs named in the tune manifest (and the prune
 and transform manifests when there are), by id, from the manifest's tracking URI, and downloads each run's
 ``checkpoint/`` artifact (checkpoint.pt, head_history.json) through MLflow into a local folder: the manifests' local
 checkpoint paths are never read, so the analysis runs wherever the MLflow server can be reached (a workstation, not the
@@ -19,21 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mlflow.artifacts
 import pandas as pd
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 from torch import nn
 
 from analysis.geometry import locality_frame
 from analysis.palette import variant_style
 from analysis.table import RUN_COLUMNS
 from analysis.variants import PRUNED_SUFFIX
-from pipeline.io import check_tracking_server
+from pipeline.finetune.manifest import FineTuneManifest
 from pipeline.measure.counting import count_flops, count_parameters
-from pipeline.prune.manifest import PruneManifest
 from pipeline.sweep.manifest import COMPLETED, TuneManifest
-from pipeline.transform.manifest import TransformManifest
+from pipeline.sweep.tracking import Store, TrackingError
 from pipeline.trial.checkpoint import load_checkpoint, load_head_history, load_locality_history, model_from_payload
 from pipeline.trial.report import CHECKPOINT_FILE, LOCALITY_METRICS
 
@@ -105,7 +102,7 @@ class LoadedStudy:
     # The transform stage's rebuilt networks (fine-tuning runs), apart from ``runs``: the report gives them a section
     # of their own (``analysis.transform_report``) rather than rows of the paper's table.
     transformed: list[LoadedRun] = field(default_factory=list)
-    transform: TransformManifest | None = None
+    transform: FineTuneManifest | None = None
 
     def frame(self) -> pd.DataFrame:
         """One row per run: the table's columns (``analysis.table.RUN_COLUMNS``) plus run_id, source, reason."""
@@ -199,11 +196,11 @@ def val_selected(history: pd.DataFrame) -> float:
     return float(logged.loc[logged["val_acc"].idxmax(), "test_acc"])
 
 
-def _history(client: MlflowClient, run_id: str) -> pd.DataFrame:
+def _history(store: Store, run_id: str) -> pd.DataFrame:
     """Per step (= epoch) values of HISTORY_KEYS; the latest value when a step was logged twice."""
     columns = {}
     for key in HISTORY_KEYS:
-        points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+        points = sorted(store.metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
         columns[key] = pd.Series({m.step: m.value for m in points}, dtype=float)
     frame = pd.DataFrame(columns).rename_axis("epoch").reset_index() if any(len(c) for c in columns.values()) else None
     if frame is None:
@@ -220,9 +217,7 @@ def local_artifacts(artifact_uri: str) -> Path | None:
     return Path(artifact_uri) if parsed.scheme == "" else None
 
 
-def _download_checkpoint(
-    client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path, artifact_uri: str = ""
-) -> None:
+def _download_checkpoint(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str = "") -> None:
     """The run's ``checkpoint/`` artifact and its model: read where it lies when the store's artifacts are on this
     machine (a copy would read every checkpoint twice: paper-size ones are 92 MiB), else downloaded through MLflow
     into ``cache_dir/<run id>/``."""
@@ -234,16 +229,12 @@ def _download_checkpoint(
             record.checkpoint_dir = None
             return
     else:
-        listed = [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(record.run_id, CHECKPOINT_ARTIFACT)]
-        if CHECKPOINT_FILE not in listed:
+        if CHECKPOINT_FILE not in store.artifact_names(str(record.run_id), CHECKPOINT_ARTIFACT):
             record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
             return
         destination = cache_dir / str(record.run_id)
         destination.mkdir(parents=True, exist_ok=True)
-        local = mlflow.artifacts.download_artifacts(
-            run_id=record.run_id, artifact_path=CHECKPOINT_ARTIFACT, dst_path=str(destination), tracking_uri=uri
-        )
-        record.checkpoint_dir = Path(local)
+        record.checkpoint_dir = store.download(str(record.run_id), CHECKPOINT_ARTIFACT, destination)
     checkpoint = load_checkpoint(record.checkpoint_dir)
     channels, height, width = (int(v) for v in checkpoint["image_shape"])
     record.image_shape = (channels, height, width)
@@ -256,21 +247,21 @@ def _download_checkpoint(
     record.flops_paper, record.flops_full = float(flops.paper), float(flops.full)
 
 
-def fetch(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) -> LoadedRun:
+def fetch(store: Store, record: LoadedRun, cache_dir: Path) -> LoadedRun:
     """Fill ``record`` from its MLflow run; what cannot be had becomes its ``reason``."""
     if not record.run_id:
         record.status = MISSING if record.status in COMPLETED else record.status
         record.note("no MLflow run recorded in the manifest")
         return record
     try:
-        run = client.get_run(record.run_id)
-    except MlflowException as err:
+        run = store.run(record.run_id)
+    except TrackingError as err:
         record.status = MISSING
-        record.note(f"run {record.run_id} not found at {uri} ({err.error_code})")
+        record.note(f"run {record.run_id} not found at {store.uri} ({err.error_code})")
         return record
     record.params = {key: cast_param(value) for key, value in run.data.params.items()}
     record.tags = dict(run.data.tags)
-    record.history = _history(client, record.run_id)
+    record.history = _history(store, record.run_id)
     if run.info.start_time and run.info.end_time:  # an interrupted run (still RUNNING) has no end: not counted
         record.wall_s = (run.info.end_time - run.info.start_time) / 1000
     record.train_s = float(record.history["epoch_time_s"].sum()) if len(record.history) else math.nan
@@ -285,29 +276,32 @@ def fetch(client: MlflowClient, uri: str, record: LoadedRun, cache_dir: Path) ->
     if record.status not in COMPLETED:
         record.note(f"trial {record.status}")
     try:
-        _download_checkpoint(client, uri, record, cache_dir, run.info.artifact_uri)
-    except (MlflowException, OSError, ValueError, KeyError, RuntimeError) as err:  # unreadable or mismatched
+        _download_checkpoint(store, record, cache_dir, run.info.artifact_uri)
+    except (TrackingError, OSError, ValueError, KeyError, RuntimeError) as err:  # unreadable or mismatched
         record.model = None
         record.note(f"checkpoint unusable ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
     return record
 
 
 def load_study(
-    tune: TuneManifest, prune: PruneManifest | None, cache_dir: Path, transform: TransformManifest | None = None
+    tune: TuneManifest,
+    prune: FineTuneManifest | None,
+    cache_dir: Path,
+    transform: FineTuneManifest | None = None,
 ) -> LoadedStudy:
     """Every run named by ``tune`` (and ``prune``, ``transform``), fetched from the tune manifest's tracking URI (the
     prune manifest's, for its runs), checkpoints downloaded into ``cache_dir``."""
-    check_tracking_server(tune.tracking_uri, "the tune manifest's tracking_uri")
-    client = MlflowClient(tune.tracking_uri)
+    store = Store(tune.tracking_uri)
+    store.check_answers("the tune manifest's tracking_uri")
     runs = []
     for trial in tune.trials:
         record = LoadedRun(trial.run_id, trial.variant, int(trial.seed), trial.status, "tune")
         log.info("fetching %s seed %d (run %s)", trial.variant, trial.seed, trial.run_id)
-        runs.append(fetch(client, tune.tracking_uri, record, cache_dir))
+        runs.append(fetch(store, record, cache_dir))
     if prune is not None:
-        if prune.tracking_uri != tune.tracking_uri:
-            check_tracking_server(prune.tracking_uri, "the prune manifest's tracking_uri")
-        prune_client = client if prune.tracking_uri == tune.tracking_uri else MlflowClient(prune.tracking_uri)
+        prune_store = store if prune.tracking_uri == tune.tracking_uri else Store(prune.tracking_uri)
+        if prune_store is not store:
+            prune_store.check_answers("the prune manifest's tracking_uri")
         for model in prune.models:
             record = LoadedRun(model.run_id, model.variant + PRUNED_SUFFIX, int(model.seed), model.status, "prune")
             record.source_run_id = model.source_run_id
@@ -315,13 +309,13 @@ def load_study(
                 (int(d["layer"]), int(d["head"])) for layer in model.decisions for d in layer if d.get("pruned")
             }
             log.info("fetching pruned %s seed %d (run %s)", model.variant, model.seed, model.run_id)
-            fetch(prune_client, prune.tracking_uri, record, cache_dir)
+            fetch(prune_store, record, cache_dir)
             if record.model is None and record.run_id:  # the manifest measured the pruned model itself
                 record.n_params = float(model.params_after)
                 record.flops_paper = float(model.flops_after.get("paper", math.nan))
                 record.flops_full = float(model.flops_after.get("full", math.nan))
             runs.append(record)
-        for skipped in prune.skipped:
+        for skipped in prune.skipped or []:
             record = LoadedRun(
                 skipped.get("run_id"),
                 skipped.get("variant", "?") + PRUNED_SUFFIX,
@@ -336,7 +330,7 @@ def load_study(
         record = LoadedRun(model.run_id, model.name, int(model.seed), model.status, "transform")
         record.source_run_id = model.source_run_id
         log.info("fetching %s seed %d (run %s)", model.name, model.seed, model.run_id)
-        transformed.append(fetch(MlflowClient(transform.tracking_uri), transform.tracking_uri, record, cache_dir))
+        transformed.append(fetch(Store(transform.tracking_uri), record, cache_dir))
     for record in [*runs, *transformed]:
         if record.reason:
             log.warning("%s seed %d: %s", record.variant, record.seed, record.reason)
@@ -361,15 +355,15 @@ def colour_runs(study: LoadedStudy) -> int:
     """Give every run the study analysed its variant's figure colour in the MLflow UI (``RUN_COLOUR_TAG``); a colour
     a run has already (picked in the UI, or by an earlier analysis) is kept. Why: the UI colours a run from its id, so
     two variants often get nearly the same blue in its charts. Returns how many runs it coloured."""
-    client = MlflowClient(study.tracking_uri)
+    store = Store(study.tracking_uri)
     coloured = 0
     for record in [*study.runs, *study.transformed]:
         if not record.run_id or not record.tags or RUN_COLOUR_TAG in record.tags:  # no run fetched, or coloured
             continue
         colour = variant_style(record.variant).colour
         try:
-            client.set_tag(record.run_id, RUN_COLOUR_TAG, colour)
-        except MlflowException as err:  # a run in another store (a prune manifest's own tracking_uri): left as is
+            store.set_tag(record.run_id, RUN_COLOUR_TAG, colour)
+        except TrackingError as err:  # a run in another store (a prune manifest's own tracking_uri): left as is
             log.info("MLflow: run %s not coloured (%s)", record.run_id, err.error_code)
             continue
         record.tags[RUN_COLOUR_TAG] = colour
@@ -392,14 +386,14 @@ def log_analysis_run(
     on new inputs replaces (deletes) the earlier analysis runs of the same sweep, so they never pile up. It is not a
     child of the sweep's parent run (``mlflow.parentRunId``), which holds one child per trial.
     """
-    client = MlflowClient(study.tracking_uri)
+    store = Store(study.tracking_uri)
     query = f"tags.`analysis.role` = '{ANALYSIS_ROLE}' and "
     query += f"tags.`analysis.tune_parent_run_id` = '{study.tune_parent_run_id}'"
-    earlier = client.search_runs([study.experiment_id], query, max_results=100)
+    earlier = store.search(study.experiment_id, query, max_results=100)
     same = [r for r in earlier if r.data.tags.get("analysis.inputs_hash") == inputs_hash]
     for run in earlier:
         if not same or run.info.run_id != same[0].info.run_id:
-            client.delete_run(run.info.run_id)
+            store.delete_run(run.info.run_id)
             log.info("MLflow: replaced analysis run %s (other inputs)", run.info.run_id)
     tags = {
         "analysis.role": ANALYSIS_ROLE,
@@ -408,24 +402,13 @@ def log_analysis_run(
     }
     if study.prune_parent_run_id:
         tags["analysis.prune_parent_run_id"] = study.prune_parent_run_id
-    if same:
-        run_id = same[0].info.run_id
-        client.update_run(run_id, status="RUNNING")
-        log.info("MLflow: reusing analysis run %s (same inputs)", run_id)
-    else:
-        # Named after the sweep it analyses (``analysis of tune sunny-bass``): several analyses are told apart.
-        sweep = client.get_run(study.tune_parent_run_id).info.run_name
-        run_id = client.create_run(study.experiment_id, run_name=f"analysis of {sweep}", tags=tags).info.run_id
+    reopened = same[0].info.run_id if same else None
+    if reopened is not None:
+        log.info("MLflow: reusing analysis run %s (same inputs)", reopened)
+        name = ""
+    else:  # named after the sweep it analyses (``analysis of tune sunny-bass``): several analyses are told apart
+        name = f"analysis of {store.run(study.tune_parent_run_id).info.run_name}"
+    run_id = store.write_run(study.experiment_id, reopened, name, tags, files, tables, metrics)
+    if reopened is None:
         log.info("MLflow: analysis run %s", run_id)
-    for key, value in tags.items():
-        client.set_tag(run_id, key, value)
-    for folder, paths in files.items():
-        for path in paths:
-            client.log_artifact(run_id, str(path), artifact_path=folder)
-    for artifact_file, frame in tables.items():
-        client.log_table(run_id, data=frame, artifact_file=artifact_file)
-    for key, value in metrics.items():
-        if math.isfinite(value):
-            client.log_metric(run_id, key, value)
-    client.set_terminated(run_id, status="FINISHED")
     return run_id

@@ -1,10 +1,11 @@
 """The report's "Theorem 1 on the trained ResNet18": the rebuilt network's accuracy before and after fine-tuning, how
 far its heads moved from their exact kernel taps, its size, and a figure of the head centres.
 
-The transform stage (``pipeline.transform``) rebuilds the sweep's trained ResNet18 with every 3x3 convolution as a
-9-head quadratic attention layer and fine-tunes it; its run's head history starts (epoch 0) with every head exactly on
-its tap. The motion is measured per converted layer with the finding's own measures (``analysis.head_motion``), each
-layer on its own padded token grid. No MLflow here: the runs come loaded (``analysis.runs``).
+The transform stage (``pipeline.finetune.transform``) rebuilds the sweep's trained ResNet18 with every 3x3
+convolution as a 9-head quadratic attention layer and fine-tunes it; its run's head history starts (epoch 0) with every
+head exactly on its tap. The motion is measured per converted layer with the finding's own measures
+(``analysis.head_motion``), each layer on its own padded token grid. No MLflow here: the runs come loaded
+(``analysis.runs``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from matplotlib.figure import Figure
 from analysis.head_motion import MIN_PEAK, layer_measures
 from analysis.report import FigureEntry, Section
 from analysis.runs import LoadedRun, LoadedStudy
-from pipeline.transform.manifest import TransformManifest
+from pipeline.finetune.manifest import FineTuneManifest
 
 MOTION_COLUMNS = [
     "name", "seed", "layer", "module", "grid", "heads", "displacement", "max_displacement", "peak_init", "peak",
@@ -103,7 +104,7 @@ def _pct(value: float | None) -> str:
 
 
 def transform_section(
-    manifest: TransformManifest, runs: Sequence[LoadedRun], motion: pd.DataFrame, figures: Sequence[FigureEntry]
+    manifest: FineTuneManifest, runs: Sequence[LoadedRun], motion: pd.DataFrame, figures: Sequence[FigureEntry]
 ) -> Section:
     """The section's text: what was converted and how, the accuracy and size table, the per-layer motion."""
     intro = (

@@ -30,6 +30,7 @@ from pipeline.config import Params, load_params, parse_params
 from pipeline.sweep.grid import sweep_decisions
 from pipeline.sweep.identity import trial_key
 from pipeline.sweep.reuse import RESUME, REUSE, TRAIN
+from pipeline.sweep.tracking import Store
 from pipeline.sweep.tracking.server import MlflowServer
 from pipeline.sweep.tracking.store import CountingClient, mlflow_client, prepare_store
 from pipeline.sweep.tracking.tags import (
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             for label, store_uri in stores:
 
                 def plan(client: CountingClient, store_uri: str = store_uri) -> list:
-                    return sweep_decisions(params, DATA_HASH, store_uri, experiment_id, client=client)
+                    return sweep_decisions(params, DATA_HASH, store_uri, experiment_id, store=Store(store_uri, client))
 
                 decisions, calls, wall, cpu = timed(plan, store_uri)
                 actions = Counter(d.action for d in decisions)

@@ -1,5 +1,4 @@
-"""The library: models, data, one trial (worker side), the sweep, pruning and the transform stage (driver side),
-measuring.
+"""The library: models, data, one trial (worker side), the sweep and the fine-tune family (driver side), measuring.
 
 - ``config``     ``params.yaml`` -> typed, validated configuration (errors name the key and the file)
 - ``encodings``  the registry of encodings and attention kinds: each one's class, config fields and what it reports
@@ -10,7 +9,7 @@ measuring.
 - ``trial/``     everything a Ray worker runs: the training loop, checkpoints, locality, the Tune trainable
 - ``sweep/``     the driver: the sweep, the tracked-run sequence tune, prune and transform share, MLflow behind
                  ``tracking/``
-- ``prune/``     the prune stage's driver: which heads go, evaluating, fine-tuning, its manifest
-- ``transform/`` the transform stage's driver: the trained ResNet18 rebuilt as attention, checked, fine-tuned
+- ``finetune/``  the prune and transform stages: one driver, plan, dry run and manifest; each stage a recipe (the
+                 model built from a trained source, the rule and its note)
 - ``measure/``   parameter and FLOP counts, speed against the hardware, the paper's reference figures
 """

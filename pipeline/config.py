@@ -488,7 +488,7 @@ class PruneConfig(_Section):
 class TransformConfig(_Section):
     """Theorem 1 on a trained network (beyond the paper): a trained ResNet18 of the sweep rebuilt as an exactly equal
     attention network (every 3x3 convolution a 9-head quadratic attention layer), checked equal before any training,
-    then fine-tuned as attention (``pipeline.transform``)."""
+    then fine-tuned as attention (``pipeline.finetune.transform``)."""
 
     # name -> the sweep's ResNet18 variant it is built from, seed by seed (the default study: {t_resnet18: resnet18}).
     variants: dict[str, str] = Field(default_factory=dict)

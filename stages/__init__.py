@@ -11,6 +11,6 @@
 - ``ui``         the MLflow UI's address of the last sweep
 - ``band``       the seed band (``params/band.yaml``'s keys) as one ``dvc exp run -S`` experiment
 - ``_cli``       what every stage shares: parsing conventions, logging, clean failures and exit codes
-- ``_finetune``  what prune and transform share: the sweep's runs checked before any work, the fine-tuning's end
+- ``_finetune``  one stage of the fine-tune family given its recipe (prune, transform): plan, dry run, run, outputs
 - ``_job``       what ``submit`` and ``pipeline`` share: the interpreter DVC starts, the bundle of outputs
 """

@@ -49,11 +49,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.config import Params
+from pipeline.finetune.manifest import read_finetune_manifest
+from pipeline.finetune.prune import PrunedModel
+from pipeline.finetune.transform import TransformedModel
 from pipeline.io import check_store
-from pipeline.prune.manifest import read_prune_manifest
 from pipeline.sweep.location import adopt_default_store, store_root
 from pipeline.sweep.manifest import read_tune_manifest
-from pipeline.transform.manifest import read_transform_manifest
 from stages._cli import main_for, make_parser
 
 if TYPE_CHECKING:
@@ -95,8 +96,16 @@ def validation_set_size(prepared_dir: Path) -> int | None:
 def stage(args: argparse.Namespace, params: Params) -> int:
     root = store_root(Path.cwd())  # the manifests' paths and the default store are the project's
     tune = read_tune_manifest(args.tune_manifest, root)  # bad input fails here, before anything is written
-    prune = read_prune_manifest(args.prune_manifest, root) if args.prune_manifest.is_file() else None
-    transform = read_transform_manifest(args.transform_manifest, root) if args.transform_manifest.is_file() else None
+    prune = (
+        read_finetune_manifest(args.prune_manifest, "prune", PrunedModel, root)
+        if args.prune_manifest.is_file()
+        else None
+    )
+    transform = (
+        read_finetune_manifest(args.transform_manifest, "transform", TransformedModel, root)
+        if args.transform_manifest.is_file()
+        else None
+    )
     check_store(tune.tracking_uri, args.tune_manifest)  # missing or corrupt: named, never a new empty store
     adopt_default_store(tune.tracking_uri, params.tracking.uri, root)  # a copied or moved project reads its own
     if prune is None:

@@ -64,9 +64,9 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         env = python_first(Path(folder))
         log.info("every stage runs with %s (the first python on PATH was %s)", sys.executable, first)
         if metadata.get("git_commit"):
-            from pipeline.sweep.tracking.tags import GIT_COMMIT_ENV
+            from pipeline.sweep.tracking import tags
 
-            env[GIT_COMMIT_ENV] = metadata["git_commit"]
+            env[tags.GIT_COMMIT_ENV] = metadata["git_commit"]
         if not (root / ".git").exists() and dvc("config", "--local", "core.no_scm", "true", env=env) != 0:
             return 1
         outputs = pipeline_outputs(root)

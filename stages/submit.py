@@ -53,11 +53,11 @@ def stage(args: argparse.Namespace, params: Params) -> int:
         package_job,
         submit,
     )
-    from pipeline.sweep.tracking.tags import git_commit
+    from pipeline.sweep.tracking import tags
 
     address = job_address(args.address)
     prepared = check_submittable(params, root)
-    job = SubmittedJob(f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}", git_commit(root))
+    job = SubmittedJob(f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}", tags.git_commit(root))
     command = entrypoint(args.python, args.targets)
     with tempfile.TemporaryDirectory(prefix="pipeline-job-") as folder, job_client(address) as client:
         package = package_job(root, prepared, Path(folder))

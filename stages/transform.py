@@ -24,78 +24,15 @@ identity plus the transform section: a finished fine-tuning of it is reused (swe
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-from pathlib import Path
-from typing import Any
 
 from pipeline.config import Params
-from pipeline.sweep.location import store_root
-from pipeline.sweep.lock import hold_stage_lock
-from pipeline.sweep.manifest import read_tune_manifest
-from pipeline.sweep.orphans import reap_dead_sessions
-from pipeline.sweep.session import prepare_driver_env
-from pipeline.transform.manifest import write_transform_manifest
 from stages._cli import main_for, make_parser
-
-log = logging.getLogger("stages.transform")
-OUT_DIR = Path("results/transform")  # relative to the working directory, like every path in params.yaml
+from stages._finetune import finetune_stage
 
 
 def stage(args: argparse.Namespace, params: Params) -> int:
-    root = store_root(Path.cwd())
-    if not args.dry_run:  # one transform at a time per project; refused before Ray starts
-        hold_stage_lock(root / "results/.transform.lock", "transform")
-    prepare_driver_env(params.sweep)  # before Ray is imported: loopback, token auth
-    reap_dead_sessions()
-    from pipeline.prune.plan import check_fresh
-    from pipeline.transform.plan import format_plans, plan_transform, select_sources
-    from stages._finetune import TUNE_MANIFEST, checkpoints_here, finish
-
-    manifest = read_tune_manifest(TUNE_MANIFEST, root)
-    check_fresh(params, manifest, TUNE_MANIFEST, Path.cwd())
-    chosen = select_sources(params, manifest, TUNE_MANIFEST)  # a missing or unfinished source: refused here
-    local = checkpoints_here(params, root, manifest, [trial for _, trial in chosen])
-    plans = [plan_transform(name, trial) for (name, _), trial in zip(chosen, local, strict=True)]
-    from pipeline.transform.run import Transform, run_transform
-
-    if args.dry_run:
-        actions = {k: d.words() for k, d in Transform.decisions(params, manifest, plans).items()} if plans else {}
-        print(format_plans(plans, params, actions))
-        return 0
-    from pipeline.data.prepared import load_prepared
-    from pipeline.transform.plan import check_exact
-    from pipeline.trial.loop import DeviceData
-
-    data = load_prepared(Path(params.data.prepared_dir))
-    on_cpu = DeviceData.from_prepared(data, "cpu") if plans else None
-    for plan in plans:  # Theorem 1 before any training, on every run: a rebuild that is not exact never trains
-        exact = check_exact(plan, on_cpu, params.train.eval_batch_size)
-        log.info(
-            "%s: %d convolutions as attention; test acc %.4f = its source's %.4f before training; largest logit "
-            "difference %.2g (float32), %.2g (float64)",
-            plan.key,
-            len(plan.model.converted),
-            exact["test_acc_step0"],
-            exact["source_test_acc"],
-            exact["max_logit_diff_float32"],
-            exact["max_logit_diff_float64"],
-        )
-    outcome = run_transform(params, data, root, manifest, plans)
-    return finish(outcome, OUT_DIR, write_transform_manifest, root, describe, log)
-
-
-def describe(model: Any) -> None:
-    """One line per converted network in the log: its accuracy before training and after fine-tuning."""
-    log.info(
-        "%s seed %d: test acc %.4f before training (source %.4f), %s after %d fine-tuning epochs",
-        model.name,
-        model.seed,
-        model.test_acc_step0,
-        model.source_test_acc,
-        f"{model.test_acc:.4f}" if model.test_acc is not None else "-",
-        model.epochs_completed,
-    )
+    return finetune_stage("transform", args, params)  # the recipe: pipeline/finetune/transform.py
 
 
 parser = make_parser(__doc__)

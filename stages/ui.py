@@ -15,9 +15,8 @@ import json
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.sweep.tracking.store import mlflow_client, server_answers
-from pipeline.sweep.tracking.system_metrics import reachable_here
-from pipeline.sweep.tracking.ui import experiments_url, runs_url, save_shared_view, shared_view_url
+from pipeline.sweep.tracking import Store
+from pipeline.sweep.tracking import ui as addresses
 from stages._cli import main_for, make_parser
 
 MANIFEST = Path("results/tune/manifest.json")
@@ -26,20 +25,19 @@ MANIFEST = Path("results/tune/manifest.json")
 def ui(args: argparse.Namespace, params: Params) -> int:
     base = f"http://{args.host}:{args.port}"
     if not args.manifest.is_file():
-        print(f"MLflow UI: {experiments_url(base)} (no sweep yet: {args.manifest} is missing)")
+        print(f"MLflow UI: {addresses.experiments_url(base)} (no sweep yet: {args.manifest} is missing)")
         return 0
     manifest = json.loads(args.manifest.read_text())
     server = str(manifest.get("tracking_uri", ""))
     if server.startswith(("http://", "https://")):  # the sweep's runs are on that server, not in the local store
         base = server
     run_ids = [trial["run_id"] for trial in manifest.get("trials", []) if trial.get("run_id")]
-    url = runs_url(base, manifest["experiment_id"], run_ids, manifest.get("parent_run_id"))
-    if server and reachable_here(server) and server_answers(server):
+    url = addresses.runs_url(base, manifest["experiment_id"], run_ids, manifest.get("parent_run_id"))
+    store = Store(server)
+    if server and store.reachable() and store.answers():
         try:
-            key = save_shared_view(
-                mlflow_client(server), manifest["experiment_id"], run_ids, manifest.get("parent_run_id")
-            )
-            url = shared_view_url(base, manifest["experiment_id"], key)
+            key = store.share_view(manifest["experiment_id"], run_ids, manifest.get("parent_run_id"))
+            url = addresses.shared_view_url(base, manifest["experiment_id"], key)
         except Exception as err:  # noqa: BLE001 - the address without the column still opens the sweep
             print(f"(the test_acc column not preset: {err})")
     print(f"MLflow UI, the sweep's {len(run_ids)} trial runs: {url}")

@@ -12,7 +12,6 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from pipeline.config import Params
-from pipeline.io import check_tracking_server
 from pipeline.sweep.estimate import estimate_trials
 from pipeline.sweep.grid import sweep_decisions, trial_grid
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
@@ -20,8 +19,7 @@ from pipeline.sweep.manifest import METRIC, MODE
 from pipeline.sweep.reuse import TRAIN, TrialDecision, read_decisions
 from pipeline.sweep.session import ray_address
 from pipeline.sweep.storage import StoragePath, storage_dir
-from pipeline.sweep.tracking.parent import parent_finished
-from pipeline.sweep.tracking.store import active_experiment_id, tracking_uri
+from pipeline.sweep.tracking import Store, tracking_uri
 from pipeline.sweep.tuner import restorable, saved_by_tune
 
 
@@ -42,14 +40,14 @@ def dry_run_decisions(
     if not restore and saved_by_tune(path):
         state = "saved by an earlier driver, not restorable by this one: its trials are looked up in MLflow"
     if restore:
-        if not parent_finished(path, uri):
+        if not Store(uri).parent_finished(path):
             return read_decisions(path), "interrupted: would restore it"
         state = "finished: nothing to train (its trials' runs are reused; nothing is restored)"
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return None, state  # no store yet, so no earlier runs (and a dry run creates none)
     try:
-        check_tracking_server(uri, "tracking.uri")
-        experiment_id = active_experiment_id(uri, params.tracking.experiment)
+        Store(uri).check_answers("tracking.uri")
+        experiment_id = Store(uri).experiment_id(params.tracking.experiment)
     except ValueError as err:
         return None, f"{state} (cannot look up earlier runs: {err})"
     return sweep_decisions(params, data_hash, uri, experiment_id), state

@@ -23,6 +23,6 @@ def sweep_decisions(
     params: Params, data_hash: str, uri: str, experiment_id: str | None, **lookup: Any
 ) -> list[TrialDecision]:
     """Per trial of the grid (variants x seeds, in that order): reuse, resume or train (``pipeline.sweep.reuse``;
-    ``lookup``: its ``client`` and ``seen``)."""
+    ``lookup``: its ``store`` and ``seen``)."""
     trials = [(v, s, trial_key(params, v, s, data_hash)) for s in params.sweep.seeds for v in params.sweep.variants]
     return decide_trials(uri, experiment_id, trials, params.train.epochs, retrain=params.sweep.retrain, **lookup)

@@ -12,13 +12,13 @@ from pathlib import Path
 import ray
 
 from pipeline.config import Params
-from pipeline.io import check_store, check_tracking_server
+from pipeline.io import check_store
 from pipeline.sweep.cluster import check_cluster
 from pipeline.sweep.estimate import check_trials_fit
 from pipeline.sweep.manifest import read_tune_manifest
 from pipeline.sweep.session import check_attachable, check_fits, local_capacity, ray_address
 from pipeline.sweep.storage import check_storage, storage_dir
-from pipeline.sweep.tracking.store import tracking_uri
+from pipeline.sweep.tracking import Store, tracking_uri
 
 
 def preflight(params: Params, project_root: Path) -> None:
@@ -41,7 +41,7 @@ def preflight(params: Params, project_root: Path) -> None:
     except ValueError as err:
         raise ValueError(f"sweep.storage_path: {err}") from None
     uri = tracking_uri(params.tracking, project_root)
-    check_tracking_server(uri, "tracking.uri")
+    Store(uri).check_answers("tracking.uri")
     check_store(uri, manifest_naming(uri, project_root))
     if address is not None and not ray.is_initialized():
         check_cluster(params, address, storage, uri, nodes)

@@ -16,8 +16,7 @@ from typing import Any
 from pipeline.sweep.checkpoints import newest_checkpoint
 from pipeline.sweep.manifest import FINISHED
 from pipeline.sweep.storage import StoragePath, found_file
-from pipeline.sweep.tracking.store import MlflowClient, Run, find_runs, mlflow_client
-from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, LAST_EPOCH_TAG, STATUS_TAG, TRIAL_PATH_TAG
+from pipeline.sweep.tracking import Store, tags
 from pipeline.trial.report import CHECKPOINT_FILE
 
 REUSE, RESUME, TRAIN = "reuse", "resume", "train"
@@ -37,6 +36,11 @@ class TrialDecision:
     checkpoint_dir: str | None = None
     epoch: int = 0
 
+    @property
+    def trains(self) -> bool:
+        """Whether Tune runs it (trained or resumed), as opposed to reused."""
+        return self.action != REUSE
+
     def words(self) -> str:
         """How the dry run and the log say it."""
         if self.action == REUSE:
@@ -49,30 +53,30 @@ class TrialDecision:
         return asdict(self)
 
 
-def is_complete(run: Run, epochs: int) -> bool:
+def is_complete(run: Any, epochs: int) -> bool:
     """The run trained all its epochs, ended normally and uploaded its final checkpoint."""
-    tags = run.data.tags
+    run_tags = run.data.tags
     return (
         run.info.status == "FINISHED"
-        and tags.get(STATUS_TAG) == FINISHED
-        and tags.get(LAST_EPOCH_TAG) == str(epochs)
-        and CHECKPOINT_TAG in tags
+        and run_tags.get(tags.STATUS_TAG) == FINISHED
+        and run_tags.get(tags.LAST_EPOCH_TAG) == str(epochs)
+        and tags.CHECKPOINT_TAG in run_tags
     )
 
 
-def decide(variant: str, seed: int, key: str, runs: list[Run], epochs: int, *, retrain: bool = False) -> TrialDecision:
+def decide(variant: str, seed: int, key: str, runs: list[Any], epochs: int, *, retrain: bool = False) -> TrialDecision:
     """Reuse the newest complete run (``checkpoint_dir``: its Ray checkpoint when still on disk), else resume the
     furthest unfinished run from its newest valid checkpoint, else train."""
     if retrain:
         return TrialDecision(variant, seed, key, TRAIN)
     for run in runs:
         if is_complete(run, epochs):  # its checkpoint is in MLflow; the Ray copy may have been deleted
-            checkpoint = run.data.tags[CHECKPOINT_TAG]
+            checkpoint = run.data.tags[tags.CHECKPOINT_TAG]
             local = checkpoint if found_file(StoragePath(checkpoint) / CHECKPOINT_FILE) else None
             return TrialDecision(variant, seed, key, REUSE, run.info.run_id, local, epochs)
     best: TrialDecision | None = None
     for run in runs:
-        trial_path = run.data.tags.get(TRIAL_PATH_TAG)
+        trial_path = run.data.tags.get(tags.TRIAL_PATH_TAG)
         if not trial_path:
             continue
         found = newest_checkpoint(StoragePath(trial_path))
@@ -88,14 +92,14 @@ def decide_trials(
     epochs: int,
     *,
     retrain: bool = False,
-    client: MlflowClient | None = None,
-    seen: dict[str, Run] | None = None,
+    store: Store | None = None,
+    seen: dict[str, Any] | None = None,
 ) -> list[TrialDecision]:
     """The decision for every (variant, seed, key), from one paged search for all keys (``store.find_runs``); ``seen``
     receives the runs read, so the reused trials' records need no request of their own."""
     if experiment_id is None or retrain:
         return [TrialDecision(variant, seed, key, TRAIN) for variant, seed, key in trials]
-    runs = find_runs(client or mlflow_client(uri), experiment_id, (key for _, _, key in trials))
+    runs = (store or Store(uri)).find_runs(experiment_id, (key for _, _, key in trials))
     if seen is not None:
         seen.update({run.info.run_id: run for found in runs.values() for run in found})
     return [decide(variant, seed, key, runs[key], epochs) for variant, seed, key in trials]

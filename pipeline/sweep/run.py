@@ -28,13 +28,16 @@ from pipeline.sweep.reuse import REUSE, TrialDecision
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.submit import SubmittedJob
 from pipeline.sweep.tracked import TrackedOutcome, TrackedStage, run_tracked, trial_record
-from pipeline.sweep.tracking.buffer import TrackingBuffer
-from pipeline.sweep.tracking.callback import TrialInfo
-from pipeline.sweep.tracking.logged_model import PreparedDataset
-from pipeline.sweep.tracking.parent import ParentRun
-from pipeline.sweep.tracking.registry import SweepSummary, publish_summary
-from pipeline.sweep.tracking.store import Run, mlflow_client, tracking_uri
-from pipeline.sweep.tracking.tags import KEY_TAG, TRIAL_ID_TAG, flatten, git_commit, parent_run_name
+from pipeline.sweep.tracking import (
+    ParentRun,
+    PreparedDataset,
+    Store,
+    SweepSummary,
+    TrackingBuffer,
+    TrialInfo,
+    tags,
+    tracking_uri,
+)
 from pipeline.sweep.tuner import trial_config
 from pipeline.trial.report import HEAD_HISTORY_FILE
 
@@ -49,7 +52,7 @@ ATTENTION_ONLY_TRAIN = ("positional_lr_factor",)  # the positional encoding's ow
 
 def applicable_model(model: dict[str, Any]) -> dict[str, Any]:
     """The fields of a model config (as dumped) that its architecture and encoding use."""
-    if model["arch"] in ("resnet18", "t_resnet18"):  # t_resnet18: a ResNet18 rebuilt as attention (pipeline.transform)
+    if model["arch"] in ("resnet18", "t_resnet18"):  # t_resnet18: a ResNet18 rebuilt as attention (finetune.transform)
         return {key: model[key] for key in RESNET_FIELDS}
     own = spec_for(model["encoding"]).fields  # the encoding's registry entry declares the fields it reads
     unused = {"resnet_width", *(set(encoding_fields()) - set(own))}
@@ -83,9 +86,9 @@ def trial_run_info(
     }
     if class_counts is not None:
         logged["train_images"] = sum(kept_per_class(count, train["data_fraction"]) for count in class_counts)
-    tags = {"variant": variant, "seed": str(seed), KEY_TAG: trial_key(params, variant, seed, data_hash)}
+    run_tags = {"variant": variant, "seed": str(seed), tags.KEY_TAG: trial_key(params, variant, seed, data_hash)}
     # the sweep's own tags (params hash, commit, stage) are added too
-    return TrialInfo(run_name(variant, seed), flatten(logged), tags)
+    return TrialInfo(run_name(variant, seed), tags.flatten(logged), run_tags)
 
 
 class Sweep(TrackedStage):
@@ -101,18 +104,18 @@ class Sweep(TrackedStage):
     ) -> None:
         self.params, self.data_hash, self.class_counts = params, data_hash, class_counts
         self.name, self.work = experiment_name(params, data_hash), "sweep"
-        self.run_name = parent_run_name(STAGE, params, project_root, self.name)
+        self.run_name = tags.parent_run_name(STAGE, params, project_root, self.name)
         self.tracking_uri = tracking_uri(params.tracking, project_root)
         self.experiment = params.tracking.experiment
-        commit = submitted.git_commit if submitted else git_commit(project_root)
+        commit = submitted.git_commit if submitted else tags.git_commit(project_root)
         self.tags = {"dvc_stage": STAGE, "params_hash": self.name.removeprefix(f"{STAGE}-"), "git_commit": commit}
         self.parent_tags = submitted.tags() if submitted else {}
         sweep = params.sweep.model_dump(mode="json", exclude={"fail_once_after_epoch"})  # a test hook, never a param
-        self.parent_params = flatten({"sweep": sweep, "epochs": params.train.epochs})
+        self.parent_params = tags.flatten({"sweep": sweep, "epochs": params.train.epochs})
         self.tuner_params = params
         self.dataset = PreparedDataset.of(params.data, data_hash, project_root)
         self.reused: list[TrialRecord] = []
-        self.seen: dict[str, Run] = {}  # the runs the plan read, by id: the reused trials' records need no request
+        self.seen: dict[str, Any] = {}  # the runs the plan read, by id: the reused trials' records need no request
 
     def decide(self, parent: ParentRun) -> list[TrialDecision]:
         return sweep_decisions(self.params, self.data_hash, parent.tracking_uri, parent.experiment_id, seen=self.seen)
@@ -171,18 +174,18 @@ def tune_manifest(outcome: TrackedOutcome) -> TuneManifest:
     )
 
 
-def reused_records(uri: str, decisions: list[TrialDecision], seen: dict[str, Run] | None = None) -> list[TrialRecord]:
+def reused_records(uri: str, decisions: list[TrialDecision], seen: dict[str, Any] | None = None) -> list[TrialRecord]:
     """The manifest's records of the reused trials, from their finished runs (those the plan read cost no request); the
     head-centre history from the Ray copy of the checkpoint, else the run's artifacts."""
     reused = [decision for decision in decisions if decision.action == REUSE]
     if not reused:
         return []
-    client = mlflow_client(uri)
+    store = Store(uri)
     records = []
     for decision in reused:
-        run = (seen or {}).get(str(decision.run_id)) or client.get_run(str(decision.run_id))
+        run = (seen or {}).get(str(decision.run_id)) or store.run(str(decision.run_id))
         metrics = {**run.data.metrics, "epoch": decision.epoch}  # the latest value of each; the epoch is their step
-        trial_id = run.data.tags.get(TRIAL_ID_TAG, "")
+        trial_id = run.data.tags.get(tags.TRIAL_ID_TAG, "")
         about = (run.info.run_id, run.info.run_name, run.data.tags)
         record = trial_record(
             trial_id, about, decision.variant, decision.seed, FINISHED, metrics, decision.checkpoint_dir
@@ -192,7 +195,7 @@ def reused_records(uri: str, decisions: list[TrialDecision], seen: dict[str, Run
             history = StoragePath(decision.checkpoint_dir) / HEAD_HISTORY_FILE
             uploaded = [HEAD_HISTORY_FILE] if history.is_file() else []
         else:
-            uploaded = [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, "checkpoint")]
+            uploaded = store.artifact_names(run.info.run_id, "checkpoint")
         if HEAD_HISTORY_FILE in uploaded:  # listed even when the Ray copy of the checkpoint is gone
             record.artifacts["head_history"] = f"{record.artifacts['checkpoint']}/{HEAD_HISTORY_FILE}"
         records.append(record)
@@ -209,4 +212,4 @@ def publish_sweep(params: Params, data_hash: str, parent: ParentRun, trials: lis
         params.train.epochs,
         accuracy_summary(trials),
     )
-    publish_summary(parent.tracking_uri, parent.parent_run_id, summary, trials)
+    Store(parent.tracking_uri).publish_summary(parent.parent_run_id, summary, trials)

@@ -27,11 +27,9 @@ from pathlib import Path
 import pathspec
 
 from pipeline.config import Params
-from pipeline.io import check_tracking_server
 from pipeline.sweep.identity import experiment_name, prepared_data_hash
 from pipeline.sweep.session import TOKEN_HELP
-from pipeline.sweep.tracking.store import mlflow_client
-from pipeline.sweep.tracking.tags import git_commit
+from pipeline.sweep.tracking import Store, tags
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +77,7 @@ def check_submittable(params: Params, project_root: Path) -> Path | None:
             "cluster cannot write; run an `mlflow server` that this machine and the cluster reach (docs/cluster.md, "
             '"One MLflow server") and set tracking.uri to its http:// address'
         )
-    check_tracking_server(uri, "tracking.uri")
+    Store(uri).check_answers("tracking.uri")
     storage = params.sweep.storage_path
     if "://" not in storage and not Path(storage).expanduser().is_absolute():
         raise ValueError(
@@ -184,24 +182,19 @@ def follow_job(client: object, submission_id: str) -> str:
 def publish_outputs(uri: str, parent_run_id: str, files: list[Path], job: SubmittedJob) -> None:
     """In the job: the stage's DVC outputs as artifacts of the sweep's parent run, tagged with the submission id, so
     the workstation finds and downloads them."""
-    client = mlflow_client(uri)
-    for path in files:
-        client.log_artifact(parent_run_id, str(path), artifact_path=OUTPUTS_DIR)
-    client.set_tag(parent_run_id, SUBMISSION_TAG, job.submission_id)
+    Store(uri).publish_files(parent_run_id, files, OUTPUTS_DIR, {SUBMISSION_TAG: job.submission_id})
 
 
 def fetch_outputs(uri: str, experiment: str, submission_id: str, out_dir: Path, names: list[str]) -> str:
     """On the workstation: the outputs the job published, written atomically into ``out_dir``; the parent run id."""
-    client = mlflow_client(uri)
-    found = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([found.experiment_id], f"tags.`{SUBMISSION_TAG}` = '{submission_id}'") if found else []
-    if not runs:
+    store = Store(uri)
+    parent = store.tagged_run(experiment, SUBMISSION_TAG, submission_id)
+    if parent is None:
         raise FileNotFoundError(
             f"job {submission_id} published no outputs to {uri} (experiment {experiment!r}); "
             f"see `ray job logs {submission_id}`"
         )
-    parent = runs[0].info.run_id
-    published = {item.path.rsplit("/", 1)[-1] for item in client.list_artifacts(parent, OUTPUTS_DIR)}
+    published = set(store.artifact_names(parent, OUTPUTS_DIR))
     if missing := [name for name in names if name not in published]:
         raise FileNotFoundError(
             f"job {submission_id} did not publish {', '.join(missing)} to its sweep run {parent}; "
@@ -209,7 +202,7 @@ def fetch_outputs(uri: str, experiment: str, submission_id: str, out_dir: Path, 
         )
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            local = client.download_artifacts(parent, f"{OUTPUTS_DIR}/{name}", tmp)
+            local = store.download(parent, f"{OUTPUTS_DIR}/{name}", Path(tmp))
             partial = out_dir / f".{name}.tmp"  # then renamed: a reader never sees half a file (any bytes: a zip)
             out_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(local, partial)
@@ -234,7 +227,7 @@ def submit_sweep(
         raise ValueError(f"--params: {params_file} must lie inside the project to go with the job")
     data_hash = prepared_data_hash(params, project_root)  # None when the data is only on the cluster's storage
     name = experiment_name(params, data_hash) if data_hash else "tune"
-    job = SubmittedJob(f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", git_commit(project_root))
+    job = SubmittedJob(f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", tags.git_commit(project_root))
     with tempfile.TemporaryDirectory(prefix="tune-job-") as tmp, job_client(address) as client:
         package = package_job(project_root, prepared, Path(tmp))
         entrypoint = (

@@ -1,4 +1,4 @@
-"""One tracked run: the sequence the tune and prune stages share, from the MLflow parent run to the last buffered write.
+"""One tracked run: what the tune, prune and transform stages share, from the MLflow parent run to the last write.
 
 ``run_tracked``: 1. replay what earlier runs left in the outage buffer (reuse and restore read the runs); 2. open the
 parent run (``tune-<hash>`` / ``prune-<hash>``) or continue an interrupted one; 3. decide per trial (reuse, resume,
@@ -28,13 +28,25 @@ from pipeline.sweep.manifest import EARLY_STOPPED, ERROR, FINISHED, INTERRUPTED,
 from pipeline.sweep.reuse import REUSE, TrialDecision, read_decisions, write_decisions
 from pipeline.sweep.session import ray_session
 from pipeline.sweep.storage import StoragePath, driver_dir, storage_dir
-from pipeline.sweep.tracking.buffer import BUFFER_FILE, FINAL_WAIT_S, TrackingBuffer, flush_buffers, park_buffer
-from pipeline.sweep.tracking.callback import MlflowTrialCallback, TrialInfo, close_interrupted, trial_outcome
-from pipeline.sweep.tracking.claims import TrialClaims
-from pipeline.sweep.tracking.epochs import EPOCH_METRICS
-from pipeline.sweep.tracking.logged_model import PreparedDataset
-from pipeline.sweep.tracking.parent import ParentRun, finish_parent, open_parent_run, record_trials
-from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, FAILURE_REASON_TAG, KEY_TAG, PARENT_TAG, STATUS_TAG
+from pipeline.sweep.tracking import (
+    BUFFER_FILE,
+    EPOCH_METRICS,
+    FINAL_WAIT_S,
+    MlflowTrialCallback,
+    ParentRun,
+    PreparedDataset,
+    TrackingBuffer,
+    TrialClaims,
+    TrialInfo,
+    close_interrupted,
+    finish_parent,
+    flush_buffers,
+    open_parent_run,
+    park_buffer,
+    record_trials,
+    tags,
+    trial_outcome,
+)
 from pipeline.sweep.tuner import build_tuner, interrupted
 from pipeline.trial.report import HEAD_HISTORY_FILE
 
@@ -227,9 +239,9 @@ def trial_records(results: tune.ResultGrid, callback: MlflowTrialCallback) -> li
             records.append(TrialRecord(trial_id, None, None, "", -1, INTERRUPTED, 0, {}, None, None))
             continue
         if runs is None:
-            name, tags = callback.written(trial_id) or (None, {})
-            run = (run_ids[trial_id], name, tags) if trial_id in run_ids else None
-            label = tags.get(STATUS_TAG)
+            name, run_tags = callback.written(trial_id) or (None, {})
+            run = (run_ids[trial_id], name, run_tags) if trial_id in run_ids else None
+            label = run_tags.get(tags.STATUS_TAG)
             outcome = label if label in (FINISHED, EARLY_STOPPED, ERROR) else INTERRUPTED
         else:
             # A trial that failed before its first report has no trial_id in its metrics; its run is still tagged.
@@ -253,11 +265,11 @@ def trial_record(
     checkpoint: str | None,
 ) -> TrialRecord:
     """A manifest record from a trial's last metrics and checkpoint and its MLflow run (id, name, tags)."""
-    run_id, run_name, tags = run if run is not None else (None, None, {})
+    run_id, run_name, run_tags = run if run is not None else (None, None, {})
     history = StoragePath(checkpoint) / HEAD_HISTORY_FILE if checkpoint else None
     history = str(history) if history and history.is_file() else None
     artifacts = {}
-    if run_id is not None and CHECKPOINT_TAG in tags:  # set only once the upload succeeded
+    if run_id is not None and tags.CHECKPOINT_TAG in run_tags:  # set only once the upload succeeded
         base = f"runs:/{run_id}/checkpoint"
         artifacts = {"checkpoint": base} | ({"head_history": f"{base}/{HEAD_HISTORY_FILE}"} if history else {})
     values = {k: float(metrics[k]) for k in ("epoch", *EPOCH_METRICS) if k in metrics}
@@ -273,7 +285,7 @@ def trial_record(
         checkpoint,
         history,
         artifacts,
-        trial_key=tags.get(KEY_TAG),
-        sweep_run_id=tags.get(PARENT_TAG),
-        failure_reason=tags.get(FAILURE_REASON_TAG),
+        trial_key=run_tags.get(tags.KEY_TAG),
+        sweep_run_id=run_tags.get(tags.PARENT_TAG),
+        failure_reason=run_tags.get(tags.FAILURE_REASON_TAG),
     )

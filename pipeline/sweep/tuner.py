@@ -26,9 +26,7 @@ from pipeline.sweep.manifest import METRIC, MODE
 from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import RESUME, TrialDecision
 from pipeline.sweep.storage import StoragePath
-from pipeline.sweep.tracking.callback import MlflowTrialCallback
-from pipeline.sweep.tracking.parent import parent_finished
-from pipeline.sweep.tracking.system_metrics import MetricsTarget, train_with_system_metrics
+from pipeline.sweep.tracking import MetricsTarget, MlflowTrialCallback, Store, train_with_system_metrics
 from pipeline.sweep.worker_deaths import count_drained_sigterm_as_preemption, count_worker_deaths_as_failures
 from pipeline.trial.trainable import train_trial
 
@@ -63,7 +61,7 @@ def restorable(path: StoragePath) -> bool:
 def interrupted(path: StoragePath, tracking_uri: str) -> bool:
     """Whether the sweep at ``path`` is one to restore: restorable, and its parent run did not end FINISHED. A finished
     sweep's trials are reused like any finished run, so the dry run, the log and the manifest all say "reuse"."""
-    return restorable(path) and not parent_finished(path, tracking_uri)
+    return restorable(path) and not Store(tracking_uri).parent_finished(path)
 
 
 def trial_config(decision: TrialDecision) -> dict[str, Any]:

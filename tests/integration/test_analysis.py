@@ -27,9 +27,10 @@ from analysis.palette import variant_style
 from analysis.runs import RUN_COLOUR_TAG
 from analysis.table import BEST_LABEL, TEST_SELECTED_LABEL, VAL_SELECTED_LABEL
 from pipeline.config import PAPER_VARIANTS, ModelConfig, VariantConfig
+from pipeline.finetune.manifest import FineTuneManifest, write_finetune_manifest
+from pipeline.finetune.prune import PrunedModel
 from pipeline.measure.counting import count_parameters
 from pipeline.models import build_model
-from pipeline.prune.manifest import PrunedModel, PruneManifest, write_prune_manifest
 from pipeline.sweep.manifest import TrialRecord, TuneManifest, write_tune_manifest
 from pipeline.trial.checkpoint import head_snapshot, save_model_checkpoint
 from pipeline.trial.locality import measure_locality
@@ -194,8 +195,10 @@ def build_study(tmp_path: Path, uri: str, experiment: str) -> dict:
         str(pruned_dir),
         decisions,
     )
-    prune = PruneManifest("prune-hash", str(ray_dir), "tune-hash", uri, experiment_id, prune_parent, {}, [pruned])
-    write_prune_manifest(tmp_path / "results/prune/manifest.json", prune, tmp_path)
+    prune = FineTuneManifest(
+        "prune-hash", str(ray_dir), "tune-hash", uri, experiment_id, prune_parent, {}, [pruned], [], stage="prune"
+    )
+    write_finetune_manifest(tmp_path / "results/prune/manifest.json", prune, PrunedModel, tmp_path)
     expected["params"]["sa_generalized_9_pruned"] = count_parameters(pruned_model)
     shutil.rmtree(ray_dir)  # reading a manifest's local checkpoint path would now fail
     return expected
@@ -423,12 +426,12 @@ def test_missing_tune_manifest_is_one_line_and_writes_nothing(tmp_path: Path, mo
 
 def test_analysis_over_an_mlflow_server(tmp_path: Path, mlflow_server: MlflowServer) -> None:
     from analysis.runs import load_study
-    from pipeline.prune.manifest import read_prune_manifest
+    from pipeline.finetune.manifest import read_finetune_manifest
     from pipeline.sweep.manifest import read_tune_manifest
 
     expected = build_study(tmp_path, mlflow_server.uri, f"it-analysis-server-{tmp_path.name}")
     tune = read_tune_manifest(tmp_path / "results/tune/manifest.json", tmp_path)
-    prune = read_prune_manifest(tmp_path / "results/prune/manifest.json", tmp_path)
+    prune = read_finetune_manifest(tmp_path / "results/prune/manifest.json", "prune", PrunedModel, tmp_path)
     study = load_study(tune, prune, tmp_path / "cache")
     frame = study.frame().set_index(["variant", "seed"])
     assert frame.loc[("sa_quadratic_9", 1), "params"] == expected["params"]["sa_quadratic_9"]

@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from mlflow.entities import Metric, Param, RunTag
 
 from pipeline.io import write_text_atomic
@@ -212,6 +213,18 @@ class TrackingBuffer:
     def log_dict(self, run_id: str, payload: Any, name: str) -> None:
         self.write({"op": "log_dict", "run_id": run_id, "payload": payload, "name": name})
 
+    def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
+        """Each metric once, at step 0 (a run's summary figures)."""
+        now = int(time.time() * 1000)
+        self.log_batch(run_id, metrics=[Metric(key, value, now, 0) for key, value in metrics.items()])
+
+    def log_artifact(self, run_id: str, path: Path, folder: str) -> None:
+        self.write({"op": "log_artifact", "run_id": run_id, "path": str(path), "folder": folder})
+
+    def log_table(self, run_id: str, frame: pd.DataFrame, artifact_file: str) -> None:
+        """``frame`` as a table the MLflow UI shows (``log_table``); kept as JSON while it waits."""
+        self.write({"op": "log_table", "run_id": run_id, "table": frame.to_dict(orient="split"), "file": artifact_file})
+
     def upload_checkpoint(
         self, run_id: str, checkpoint: StoragePath, trial_dir: StoragePath, dataset: PreparedDataset | None
     ) -> None:
@@ -331,6 +344,10 @@ class TrackingBuffer:
             self.client.log_dict(run_id, entry["payload"], entry["name"])
         elif op == "upload_checkpoint":
             self._upload_checkpoint(run_id, entry)
+        elif op == "log_artifact":
+            self.client.log_artifact(run_id, entry["path"], artifact_path=entry["folder"])
+        elif op == "log_table":
+            self.client.log_table(run_id, data=pd.DataFrame(**entry["table"]), artifact_file=entry["file"])
         else:
             raise ValueError(f"{self.path}: unknown buffered write {op!r}")
 

@@ -32,11 +32,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 from mlflow.entities import Run, RunTag
 
-from pipeline.sweep.reuse import REUSE, TrialDecision
 from pipeline.sweep.tracking.store import all_runs, ensure_experiment, mlflow_client, server_answers
 
 log = logging.getLogger(__name__)
@@ -110,13 +110,13 @@ class TrialClaims:
         self._heart: threading.Thread | None = None
 
     # -- the protocol -------------------------------------------------------------------------------------------
-    def decide(self, plan: Callable[[], list[TrialDecision]]) -> list[TrialDecision]:
+    def decide(self, plan: Callable[[], list[Any]]) -> list[Any]:
         """``plan()``'s decisions once this driver holds every key it trains (waiting for, then re-planning after,
         claims that win); the claim then stays ``training`` until ``release``."""
         said: set[str] = set()
         while True:
             decisions = plan()
-            keys = frozenset(d.key for d in decisions if d.action != REUSE)
+            keys = frozenset(d.key for d in decisions if d.trains)
             if not keys:
                 self.release()
                 return decisions

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mlflow.entities import Metric, RunTag
 
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.buffer import PLACEHOLDER
+from pipeline.sweep.tracking.callback_view import CallbackView
 from pipeline.sweep.tracking.tags import NODES_TAG
 from pipeline.trial.checkpoint import load_checkpoint
 from pipeline.trial.report import METRIC_KEYS, WHERE_KEY, epoch_metrics, initial_metrics
-
-if TYPE_CHECKING:
-    from pipeline.sweep.tracking.callback import MlflowTrialCallback
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ class EpochWrites:
     """The callback's per-epoch writes. Plain data (Tune pickles it with the callback): per trial the last epoch
     already in its run and the node and device of its last report, per run the nodes it ran on."""
 
-    def __init__(self, callback: MlflowTrialCallback) -> None:
+    def __init__(self, callback: CallbackView) -> None:
         self.callback = callback
         self.logged_through: dict[str, int] = {}  # trial_id -> last epoch already in its run (continued runs)
         self.nodes: dict[str, list[str]] = {}  # trial_id -> the nodes its run ran on (the ray.node_ids tag)

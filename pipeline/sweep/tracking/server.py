@@ -14,8 +14,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+
+from pipeline.sweep.tracking.store import server_answers
 
 START_TIMEOUT_S = 90.0
 
@@ -68,11 +69,7 @@ class MlflowServer:
             time.sleep(0.3)
 
     def answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
+        return server_answers(self.uri)
 
     def kill(self) -> None:
         """Down at once, as a crashed server or a lost network (the server and its worker: our process group)."""

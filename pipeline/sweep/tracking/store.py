@@ -247,12 +247,17 @@ def is_outage(err: BaseException) -> bool:
     return any(isinstance(cause, OUTAGE_ERRORS) for cause in error_chain(err))
 
 
-def server_answers(uri: str) -> bool:
-    """A short probe of an http tracking server's ``/health`` (never the client's minutes of retries); a local store
-    has no server to be down."""
+def health(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """The project's one probe of an http tracking server's ``/health`` (never the client's minutes of retries): None
+    when it answers, else what went wrong. A local store (sqlite, a database) has no server to be down."""
     if not uri.startswith(("http://", "https://")):
-        return True
+        return None
     try:
-        return requests.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).status_code == 200
-    except requests.exceptions.RequestException:
-        return False
+        status = requests.get(f"{uri.rstrip('/')}/health", timeout=timeout_s).status_code
+    except (requests.exceptions.RequestException, ValueError) as err:  # refused, timeout, DNS, a bad URL
+        return str(err)
+    return None if status == 200 else f"HTTP {status}"
+
+
+def server_answers(uri: str) -> bool:
+    return health(uri) is None

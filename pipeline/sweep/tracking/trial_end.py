@@ -12,18 +12,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mlflow.exceptions import MlflowException
 
 from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.tracking.callback_view import CallbackView
 from pipeline.sweep.tracking.logged_model import log_checkpoint
 from pipeline.sweep.tracking.store import is_outage
 from pipeline.trial.checkpoint import CorruptCheckpointError, load_checkpoint
 from pipeline.trial.report import CHECKPOINT_FILE
-
-if TYPE_CHECKING:
-    from pipeline.sweep.tracking.callback import MlflowTrialCallback
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +55,7 @@ class TrialEnds:
     """The callback's trial ends: how each ended, its checkpoint, model and dataset logged, its run closed. Holds no
     state Tune must keep."""
 
-    def __init__(self, callback: MlflowTrialCallback) -> None:
+    def __init__(self, callback: CallbackView) -> None:
         self.callback = callback
 
     def end(self, run_id: str, trial: Any, status: str, tags: dict[str, str]) -> None:

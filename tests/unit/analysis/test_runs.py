@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from analysis.runs import LoadedRun, fetch, local_artifacts, val_selected
 from pipeline.config import ModelConfig
 from pipeline.models import build_model
+from pipeline.sweep.tracking import Store
 from pipeline.sweep.tracking.store import ensure_experiment
 from pipeline.trial.checkpoint import save_model_checkpoint
 
@@ -49,7 +50,7 @@ def test_a_local_stores_checkpoint_is_read_in_place_and_once(tmp_path: Path, mon
     reads, load = [], torch.load
     monkeypatch.setattr(torch, "load", lambda path, *a, **k: reads.append(Path(path)) or load(path, *a, **k))
     cache = tmp_path / "cache"
-    record = fetch(client, client.tracking_uri, LoadedRun(run_id, "sa", 0, "finished", "tune"), cache)
+    record = fetch(Store(client.tracking_uri), LoadedRun(run_id, "sa", 0, "finished", "tune"), cache)
     assert record.reason is None and record.model is not None and record.test_acc == 0.5
     assert record.checkpoint_dir == tmp_path / "mlartifacts" / run_id / "artifacts" / "checkpoint"
     assert reads == [record.checkpoint_dir / "checkpoint.pt"]  # one read, of the store's own file
@@ -66,7 +67,7 @@ def test_the_best_epoch_is_selected_on_validation_when_the_run_has_it(tmp_path: 
             client.log_metric(run_id, "test_acc", test_acc, step=epoch)
         client.log_metric(with_val, "val_acc", val_acc, step=epoch)
     records = [
-        fetch(client, client.tracking_uri, LoadedRun(r, "sa", 0, "finished", "tune"), tmp_path)
+        fetch(Store(client.tracking_uri), LoadedRun(r, "sa", 0, "finished", "tune"), tmp_path)
         for r in (with_val, without_val)
     ]
     assert (records[0].test_acc, records[0].best_test_acc, records[0].val_selected_test_acc) == (0.75, 0.75, 0.70)

@@ -10,8 +10,9 @@ import pytest
 
 from analysis.runs import LoadedRun, LoadedStudy
 from analysis.transform_report import layer_motion, write_transform
+from pipeline.finetune.manifest import FineTuneManifest
+from pipeline.finetune.transform import TransformedModel
 from pipeline.models.transformed_resnet import TransformedResNet18
-from pipeline.transform.manifest import TransformedModel, TransformManifest
 from pipeline.trial.checkpoint import head_snapshot
 
 
@@ -49,7 +50,9 @@ def test_motion_is_measured_per_layer_on_its_own_grid() -> None:
 def test_section_table_and_figure(tmp_path: Path) -> None:
     run = _run()
     entry = _entry(run)
-    manifest = TransformManifest("transform-x", "/ray", "tune-x", "sqlite:///x.db", "1", "p", {}, [entry])
+    manifest = FineTuneManifest(
+        "transform-x", "/ray", "tune-x", "sqlite:///x.db", "1", "p", {}, [entry], stage="transform"
+    )
     study = LoadedStudy([], "sqlite:///x.db", "1", "p", None, transformed=[run], transform=manifest)
     drawn = []
     section, paths = write_transform(study, tmp_path, lambda name, title, build, into: drawn.append(build()[0]))

@@ -14,7 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import TrackingConfig
-from pipeline.prune.manifest import PrunedModel, PruneManifest, read_prune_manifest, write_prune_manifest
+from pipeline.finetune.manifest import FineTuneManifest, read_finetune_manifest, write_finetune_manifest
+from pipeline.finetune.prune import PrunedModel
 from pipeline.sweep.location import ARTIFACT_COLUMNS, store_root
 from pipeline.sweep.manifest import TrialRecord, TuneManifest, read_tune_manifest, write_tune_manifest
 from pipeline.sweep.storage import StoragePath
@@ -155,9 +156,12 @@ def test_manifests_hold_no_absolute_project_path(tmp_path: Path) -> None:
         str(prune_dir / "f0/c1"),
         [],
     )
-    write_prune_manifest(
+    write_finetune_manifest(
         root / "results/prune/manifest.json",
-        PruneManifest("prune-y", str(root / "results/ray/prune-y"), "tune-x", uri, "1", "q", {}, [pruned]),
+        FineTuneManifest(
+            "prune-y", str(root / "results/ray/prune-y"), "tune-x", uri, "1", "q", {}, [pruned], [], stage="prune"
+        ),
+        PrunedModel,
         root,
     )
     for stage in ("tune", "prune"):
@@ -172,7 +176,7 @@ def test_manifests_hold_no_absolute_project_path(tmp_path: Path) -> None:
     assert tune.trials[0].checkpoint_dir == str(clone / "results/ray/tune-x/t0/checkpoint_000001")
     assert tune.trials[0].head_history.endswith("/clone/results/ray/tune-x/t0/checkpoint_000001/head_history.json")
     assert tune.trials[1].checkpoint_dir == str(shared / "t1/checkpoint_000001") and tune.trials[1].head_history is None
-    prune = read_prune_manifest(clone / "results/prune/manifest.json", clone)
+    prune = read_finetune_manifest(clone / "results/prune/manifest.json", "prune", PrunedModel, clone)
     assert prune.models[0].pruned_checkpoint_dir == str(clone / "results/ray/prune-y/pruned/a")
     assert prune.tracking_uri == tune.tracking_uri
 

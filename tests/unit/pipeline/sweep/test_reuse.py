@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.sweep.checkpoints import newest_checkpoint
 from pipeline.sweep.reuse import RESUME, REUSE, TRAIN, decide, decide_trials
 from pipeline.sweep.storage import StoragePath
+from pipeline.sweep.tracking import Store
 from pipeline.sweep.tracking.store import CountingClient, find_runs
 from pipeline.sweep.tracking.tags import TRIAL_PATH_TAG
 
@@ -144,7 +145,12 @@ def test_a_plan_costs_one_store_request_whatever_the_number_of_trials(store: tup
         counting = CountingClient(client)
         seen: dict = {}
         decisions = decide_trials(
-            "unused", experiment, [("v", i, k) for i, k in enumerate(keys)], 4, client=counting, seen=seen
+            "unused",
+            experiment,
+            [("v", i, k) for i, k in enumerate(keys)],
+            4,
+            store=Store("unused", counting),
+            seen=seen,
         )
         assert len(seen) == 2 * len(keys[::2])  # two runs for every other key, none of the others
         return sum(counting.calls.values()), [d.action for d in decisions]

@@ -53,13 +53,13 @@ def test_a_server_that_does_not_answer_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_relative_storage_path_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("pipeline.sweep.submit.check_tracking_server", lambda uri, source: None)
+    monkeypatch.setattr("pipeline.sweep.submit.Store.check_answers", lambda store, source: None)
     with pytest.raises(ValueError, match=r"^sweep\.storage_path: 'results/ray' is relative"):
         check_submittable(_params(tracking={"uri": SERVER}), tmp_path)
 
 
 def test_a_bucket_is_storage_a_job_can_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("pipeline.sweep.submit.check_tracking_server", lambda uri, source: None)
+    monkeypatch.setattr("pipeline.sweep.submit.Store.check_answers", lambda store, source: None)
     params = _params(
         tracking={"uri": SERVER},
         sweep={"storage_path": "s3://bucket/ray"},
@@ -69,7 +69,7 @@ def test_a_bucket_is_storage_a_job_can_use(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_unprepared_data_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("pipeline.sweep.submit.check_tracking_server", lambda uri, source: None)
+    monkeypatch.setattr("pipeline.sweep.submit.Store.check_answers", lambda store, source: None)
     params = _params(tracking={"uri": SERVER}, sweep={"storage_path": str(tmp_path / "ray")})
     with pytest.raises(FileNotFoundError, match=r"^data\.prepared_dir: .* no prepared dataset"):
         check_submittable(params, tmp_path)

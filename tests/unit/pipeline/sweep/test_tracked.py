@@ -1,7 +1,7 @@
-"""The tracked-run sequence the tune and prune stages share, run directly on a real MLflow store: a sqlite file, and a
-real ``mlflow server`` that goes down before the run ends (the writes still buffered are counted and, with a bucket as
-storage, parked beside the experiment). The stage here reuses every trial, so no Ray starts; the sequence with trials
-that train is the integration tests' (tune, prune, outage, reliability)."""
+"""The tracked-run sequence the tune, prune and transform stages share, run directly on a real MLflow store: a sqlite
+file, and a real ``mlflow server`` that goes down before the run ends (the writes still buffered are counted and,
+with a bucket as storage, parked beside the experiment). The stage here reuses every trial, so no Ray starts; the
+sequence with trials that train is the integration tests' (tune, prune, outage, reliability)."""
 
 from __future__ import annotations
 

@@ -10,12 +10,14 @@ import torch
 
 from pipeline.config import ConfigError, load_params, parse_params
 from pipeline.data.prepared import PreparedData
+from pipeline.finetune.plan import finetune_params, format_plans, plan_model
+from pipeline.finetune.stage import model_key
+from pipeline.finetune.transform import RECIPE as TRANSFORM
+from pipeline.finetune.transform import check_exact
 from pipeline.models import build_model
 from pipeline.models.transformed_resnet import transform_resnet
 from pipeline.sweep.identity import sweep_hash
 from pipeline.sweep.manifest import TrialRecord, TuneManifest
-from pipeline.transform.plan import check_exact, format_plans, plan_transform, select_sources
-from pipeline.transform.run import finetune_params, transform_key
 from pipeline.trial.checkpoint import save_model_checkpoint
 from pipeline.trial.loop import DeviceData
 
@@ -45,7 +47,7 @@ def test_the_default_study_transforms_resnet18() -> None:
     assert params.transform.variants == {"t_resnet18": "resnet18"}
     assert params.model_for("t_resnet18").arch == "t_resnet18"
     assert params.model_for("t_resnet18").resnet_width == params.model_for("resnet18").resnet_width
-    trained = finetune_params(params).train
+    trained = finetune_params(TRANSFORM, params).train
     assert (trained.epochs, trained.lr) == (params.transform.epochs, params.train.lr * params.transform.lr_factor)
 
 
@@ -72,7 +74,7 @@ def test_the_transform_section_is_not_part_of_the_sweep_identity() -> None:
 def test_a_source_of_each_seed_is_selected() -> None:
     params = _params()
     trials = [_trial("sa_quadratic_9", 0), _trial("resnet18", 0, checkpoint=Path("/c"))]
-    assert select_sources(params, _manifest(trials), Path("m.json")) == [("t_resnet18", trials[1])]
+    assert TRANSFORM.sources(params, _manifest(trials), Path("m.json")) == ([("t_resnet18", trials[1])], None)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +88,7 @@ def test_a_source_of_each_seed_is_selected() -> None:
 )
 def test_a_missing_or_unfinished_source_is_refused_naming_the_variant(trials: list, message: str) -> None:
     with pytest.raises(ValueError, match=f"transform.variants.t_resnet18: .*{message}"):
-        select_sources(_params(), _manifest(trials), Path("m.json"))
+        TRANSFORM.sources(_params(), _manifest(trials), Path("m.json"))
 
 
 def _data(n: int = 40) -> PreparedData:
@@ -111,23 +113,25 @@ def _saved_resnet(tmp_path: Path, params: object) -> TrialRecord:
 
 def test_a_saved_resnet_is_rebuilt_exactly_and_counted(tmp_path: Path) -> None:
     params = _params()
-    plan = plan_transform("t_resnet18", _saved_resnet(tmp_path, params))
-    assert plan.key == "t_resnet18-seed0" and len(plan.model.converted) == 17
-    assert plan.params == plan.params_source + 17 * 27  # 9 centres (2 each) and 9 spreads per converted layer
+    plan = plan_model(TRANSFORM, params, "t_resnet18", _saved_resnet(tmp_path, params))
+    assert plan.key == "t_resnet18-seed0" and len(plan.facts["converted"]) == 17
+    assert plan.params_after == plan.params_before + 17 * 27  # 9 centres (2 each) and 9 spreads per converted layer
     exact = check_exact(plan, DeviceData.from_prepared(_data(), torch.device("cpu")), batch_size=16)
     assert exact["test_acc_step0"] == exact["source_test_acc"]
     assert exact["max_logit_diff_float64"] <= 1e-9
     assert exact["max_logit_diff_float32"] <= 1e-4
-    assert "t_resnet18-seed0 (from resnet18 run run-resnet18-0): 17 3x3 convolutions" in format_plans([plan], params)
-    lr = finetune_params(params).train_for("resnet18").lr  # the dry run prints what fine-tuning uses
-    assert f"as 9-head attention; fine-tuning lr {lr:g}" in format_plans([plan], params)
-    assert transform_key(params, plan) != transform_key(_params(epochs=5), plan)
+    assert "t_resnet18-seed0 (from resnet18 run run-resnet18-0): 17 3x3 convolutions" in format_plans(
+        TRANSFORM, [plan], None, params
+    )
+    lr = finetune_params(TRANSFORM, params).train_for("resnet18").lr  # the dry run prints what fine-tuning uses
+    assert f"as 9-head attention; fine-tuning lr {lr:g}" in format_plans(TRANSFORM, [plan], None, params)
+    assert model_key(TRANSFORM, params, plan) != model_key(TRANSFORM, _params(epochs=5), plan)
 
 
 def test_a_rebuild_that_is_not_exact_is_refused(tmp_path: Path) -> None:
     params = _params()
-    plan = plan_transform("t_resnet18", _saved_resnet(tmp_path, params))
-    plan.model = transform_resnet(plan.resnet, alpha=0.5)  # heads leak to their neighbours: another function
+    plan = plan_model(TRANSFORM, params, "t_resnet18", _saved_resnet(tmp_path, params))
+    plan.model = transform_resnet(plan.source_model, alpha=0.5)  # heads leak to their neighbours: another function
     with pytest.raises(
         ValueError, match="t_resnet18-seed0: the rebuild of resnet18 run run-resnet18-0 .*not fine-tuning"
     ):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import parse_params
-from pipeline.sweep.finetune import schedule_params
+from pipeline.finetune.plan import schedule_params
 
 
 def test_a_variant_with_its_own_lr_fine_tunes_at_that_lr_scaled() -> None:

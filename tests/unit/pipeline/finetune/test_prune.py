@@ -1,4 +1,5 @@
-"""The prune stage's planning, before Ray starts: config checks, source selection, refusals, the pruned plan."""
+"""The prune recipe and the family's planning, before Ray starts: config checks, source selection, refusals, the
+pruned plan, identity."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, load_params, parse_params
+from pipeline.config import ConfigError, load_params, params_hash, parse_params
+from pipeline.finetune.plan import check_fresh, finetune_params, format_plans, local_sources, plan_model
+from pipeline.finetune.prune import RECIPE as PRUNE
+from pipeline.finetune.stage import finetune_code, finetune_name, model_key
 from pipeline.models import build_model
-from pipeline.prune.plan import check_fresh, format_plans, local_sources, plan_pruning, select_sources
-from pipeline.prune.run import finetune_params, prune_key
-from pipeline.sweep.finetune import finetune_name
 from pipeline.sweep.manifest import TrialRecord, TuneManifest
 from pipeline.trial.checkpoint import save_model_checkpoint
 
@@ -73,8 +74,8 @@ def test_only_finished_trials_of_the_pruned_variants_are_selected(tmp_path: Path
         _trial("sa_generalized_9", 2, "early_stopped", tmp_path),
         _trial("sa_quadratic_9", 0, checkpoint=tmp_path),
     ]
-    sources, skipped = select_sources(_params(), _manifest(trials))
-    assert [(s.variant, s.seed) for s in sources] == [("sa_generalized_9", 0)]
+    chosen, skipped = PRUNE.sources(_params(), _manifest(trials), Path("m.json"))
+    assert [(name, s.variant, s.seed) for name, s in chosen] == [("sa_generalized_9", "sa_generalized_9", 0)]
     assert [(s["seed"], s["reason"].split(" (")[0]) for s in skipped] == [
         ("1", "trial status 'error'"),
         ("2", "trial status 'early_stopped'"),
@@ -107,38 +108,42 @@ def test_plan_prunes_a_trained_checkpoint_and_counts_what_it_saves(tmp_path: Pat
     if mode == "threshold":  # plant one uniform head in layer 2
         model.layers[1].attention.encoding.sqrt_sigma_inv.data[3] = 1e-4
     save_model_checkpoint(tmp_path, model, model_cfg, image_shape=(3, 8, 8), num_classes=10)
-    plan = plan_pruning(params, _trial("sa_generalized_9", 0, checkpoint=tmp_path))
+    plan = plan_model(PRUNE, params, "sa_generalized_9", _trial("sa_generalized_9", 0, checkpoint=tmp_path))
     expected = [4, 4] if mode == "fraction" else [0, 1]
-    assert plan.pruned_heads == expected and plan.heads_per_layer == [9 - n for n in expected]
+    assert plan.facts["pruned_heads"] == expected and plan.facts["heads_per_layer"] == [9 - n for n in expected]
     assert plan.params_after < plan.params_before and plan.flops_after["paper"] < plan.flops_before["paper"]
     per_head = 2 + 2 * 2 + 8 * 8  # centre, S, the head's value columns (hidden 8 -> 8)
     assert plan.params_before - plan.params_after == sum(expected) * per_head
-    assert sum(d["pruned"] for layer in plan.decisions for d in layer) == sum(expected)
-    assert "heads cut per layer" in format_plans([plan], [], params)
-    lr = finetune_params(params).train_for("sa_generalized_9").lr  # the dry run prints what fine-tuning uses
-    assert f"; fine-tuning lr {lr:g}" in format_plans([plan], [], params)
+    assert sum(d["pruned"] for layer in plan.facts["decisions"] for d in layer) == sum(expected)
+    assert "heads cut per layer" in format_plans(PRUNE, [plan], [], params)
+    lr = finetune_params(PRUNE, params).train_for("sa_generalized_9").lr  # the dry run prints what fine-tuning uses
+    assert f"; fine-tuning lr {lr:g}" in format_plans(PRUNE, [plan], [], params)
 
 
 def test_fine_tuning_uses_the_prune_schedule_and_no_asha() -> None:
     params = _params(lr_factor=0.1, epochs=3)
-    tuned = finetune_params(params)
+    tuned = finetune_params(PRUNE, params)
     assert tuned.train.lr == pytest.approx(params.train.lr * 0.1) and tuned.train.epochs == 3
     assert not tuned.sweep.asha.enabled and tuned.model == params.model
 
 
 def test_a_pruned_models_identity_is_its_source_trial_and_the_prune_params() -> None:
-    class Plan:  # what prune_key reads of a plan
+    class Plan:  # what model_key reads of a plan
         source = _trial("sa_generalized_9", 0)
-        key = "sa_generalized_9-seed0"
+        key, name = "sa_generalized_9-seed0", "sa_generalized_9"
 
     Plan.source.trial_key = "source-key"
-    key = prune_key(_params(), Plan())
-    assert key == prune_key(_params(), Plan())
-    assert prune_key(_params(fraction=0.5), Plan()) != key
-    assert prune_key(_params(epochs=7), Plan()) != key  # fine-tuning epochs
-    assert prune_key(_params().model_copy(update={"seed": 3}), Plan()) == key  # not in the source trial's identity
+    key = model_key(PRUNE, _params(), Plan())
+    assert key == model_key(PRUNE, _params(), Plan())
+    assert model_key(PRUNE, _params(fraction=0.5), Plan()) != key
+    assert model_key(PRUNE, _params(epochs=7), Plan()) != key  # fine-tuning epochs
+    assert (
+        model_key(PRUNE, _params().model_copy(update={"seed": 3}), Plan()) == key
+    )  # not in the source trial's identity
+    code = finetune_code(_params(), "sa_generalized_9", "pipeline.models.pruning")  # the rule's and fine-tuning's
+    assert key == params_hash({"source": "source-key", "prune": _params().prune.model_dump(mode="json"), "code": code})
     Plan.source.trial_key = "another-source"
-    assert prune_key(_params(), Plan()) != key
+    assert model_key(PRUNE, _params(), Plan()) != key
     name = finetune_name("prune", [key, "b"])
     assert name.startswith("prune-") and name == finetune_name("prune", ["b", key])
     assert name != finetune_name("prune", [key])
