@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
+from pipeline.trial.augment import apply_augmentation
 from pipeline.trial.checkpoint import restore_rng, rng_state
 from pipeline.trial.device import autocast
 
@@ -98,7 +99,6 @@ class WholeStep:
     def _body(self) -> None:
         """What the graph records: the step on the static buffers, its loss and correct count into static outputs."""
         data, cfg = self.data, self.cfg
-        from pipeline.trial.loop import apply_augmentation  # the loop imports this module
 
         images = data.train_images[self.index].float().div_(255)  # (B, C, H, W) in [0, 1]
         if cfg.augment:

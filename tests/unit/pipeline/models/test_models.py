@@ -13,7 +13,7 @@ from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.measure.reference import PAPER_FIGURES, PAPER_PRUNED_HEADS
 from pipeline.models import build_model
 from pipeline.models.sa_net import space_to_depth
-from pipeline.trial.loop import augment_batch
+from pipeline.trial.augment import augment_batch
 
 SMALL = ModelConfig(hidden=16, layers=2, ffn=24, learned_dim=8, resnet_width=4)
 

@@ -19,6 +19,7 @@ from pipeline.data.sources import prepare_dataset
 from pipeline.data.subset import subset_size
 from pipeline.models import build_model
 from pipeline.trial import loop as train
+from pipeline.trial.augment import augment_batch
 from pipeline.trial.checkpoint import (
     EpochProgress,
     load_checkpoint,
@@ -30,7 +31,6 @@ from pipeline.trial.device import device_tags
 from pipeline.trial.loop import (
     DivergedError,
     WarmupCosine,
-    augment_batch,
     build_optimizer,
     build_scheduler,
     run_trial,
