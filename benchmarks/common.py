@@ -20,7 +20,7 @@ import torch
 from pipeline.io import EXPECTED_FAILURES
 
 if TYPE_CHECKING:
-    from pipeline.trial.loop import DeviceData
+    from pipeline.trial.device_data import DeviceData
 
 # Paper-size models take ~1 s per step on a 2-core CPU; on the CPU the benchmarks shrink widths and depth (16x16
 # tokens stay, as in the paper) so that they finish in minutes and show only that they run.
@@ -32,7 +32,7 @@ def synthetic_device_data(
 ) -> DeviceData:
     """Random CIFAR-10-shaped uint8 images and labels in [0, 10), on ``device``, with CIFAR-10's normalisation."""
     from pipeline.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD
-    from pipeline.trial.loop import DeviceData
+    from pipeline.trial.device_data import DeviceData
 
     def images(n: int) -> torch.Tensor:
         shape = (n, 3, image_size, image_size)

@@ -153,7 +153,7 @@ def normalised_test_set(prepared_dir: Path) -> tuple[torch.Tensor | None, torch.
     import torch  # here, not at the top: --help and bad input stay fast
 
     from pipeline.data.prepared import load_prepared
-    from pipeline.trial.loop import DeviceData
+    from pipeline.trial.device_data import DeviceData
 
     if not (prepared_dir / "manifest.json").is_file():
         log.info("no prepared data at %s: the CKA section and the per-image pairing wait for it", prepared_dir)

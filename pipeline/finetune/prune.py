@@ -23,7 +23,8 @@ from pipeline.finetune.plan import Plan
 from pipeline.finetune.recipe import Recipe
 from pipeline.models.pruning import covariance_geometry, head_decisions, prune_model, pruned_per_layer
 from pipeline.sweep.manifest import FINISHED, TuneManifest
-from pipeline.trial.loop import DeviceData, evaluate
+from pipeline.trial.device_data import DeviceData
+from pipeline.trial.loop import evaluate
 
 log = logging.getLogger(__name__)
 

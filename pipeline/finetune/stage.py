@@ -35,7 +35,7 @@ from pipeline.sweep.tracking import PreparedDataset, Store, TrialInfo, tags
 from pipeline.sweep.tuner import trial_config
 from pipeline.trial.checkpoint import save_model_checkpoint
 from pipeline.trial.device import resolve_device
-from pipeline.trial.loop import DeviceData
+from pipeline.trial.device_data import DeviceData
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from pipeline.finetune.recipe import Recipe
 from pipeline.models.conv_to_attention import DEFAULT_ALPHA
 from pipeline.models.transformed_resnet import transform_resnet
 from pipeline.sweep.manifest import FINISHED, TuneManifest
-from pipeline.trial.loop import DeviceData
+from pipeline.trial.device_data import DeviceData
 
 log = logging.getLogger(__name__)
 FLOAT64_BOUND = 1e-9  # largest |logit difference| accepted in float64 (Theorem 1 at alpha 50: ~1e-15)

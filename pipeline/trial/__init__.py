@@ -3,6 +3,7 @@
 - ``loop``          ``run_trial``: train on prepared data, report metrics and a checkpoint every epoch; it knows
                     nothing of Ray or MLflow
 - ``augment``       random crops and flips: drawn per epoch on the CPU, applied on the device (loop and whole step)
+- ``device_data`` the prepared dataset moved once to the trial's device (uint8 images until a batch is drawn)
 - ``checkpoint``    the checkpoint's format, writing and loading, and the RNG state it carries
 - ``locality``      where each head looks, measured every epoch from each layer's own input
 - ``whole_step``    ``train.compile: whole-step``: forward, backward and SGD captured as one CUDA graph

@@ -26,7 +26,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +58,8 @@ from pipeline.trial.device import (
     resolve_device,
     synchronize,
 )
-from pipeline.trial.locality import LOCALITY_BATCH, layer_summary, measure_locality
+from pipeline.trial.device_data import DeviceData
+from pipeline.trial.locality import layer_summary, measure_locality
 from pipeline.trial.report import INITIAL_PREFIX, METRIC_KEYS, VALIDATION_KEYS
 from pipeline.trial.whole_step import MODE as WHOLE_STEP
 from pipeline.trial.whole_step import WholeStep, require_cuda
@@ -145,45 +146,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_pe
     """Warm-up + cosine over the whole run, in optimiser steps (``schedule: step``) or epochs (``epoch``)."""
     total = cfg.epochs * steps_per_epoch if cfg.schedule == "step" else cfg.epochs
     return LambdaLR(optimizer, WarmupCosine(total, cfg.warmup_fraction))
-
-
-# ----------------------------------------------------------------------------------------------------
-# Data on the device
-# ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeviceData:
-    """The prepared dataset moved once to the training device; images stay uint8 until a batch is drawn."""
-
-    train_images: Tensor  # uint8 (N, C, H, W)
-    train_labels: Tensor  # int64 (N,)
-    test_images: Tensor  # uint8 (M, C, H, W)
-    test_labels: Tensor  # int64 (M,)
-    mean: Tensor  # (1, C, 1, 1), for images / 255
-    std: Tensor  # (1, C, 1, 1)
-    val_images: Tensor | None = None  # uint8 (V, C, H, W), when the prepared data has a validation set
-    val_labels: Tensor | None = None  # int64 (V,)
-
-    @classmethod
-    def from_prepared(cls, data: PreparedData, device: torch.device) -> DeviceData:
-        stats = [torch.tensor(s, dtype=torch.float32, device=device).view(1, -1, 1, 1) for s in (data.mean, data.std)]
-        validation = [None, None] if data.val_images is None else [data.val_images, data.val_labels]
-        return cls(
-            data.train_images.to(device),
-            data.train_labels.to(device),
-            data.test_images.to(device),
-            data.test_labels.to(device),
-            *stats,
-            *(None if t is None else t.to(device) for t in validation),
-        )
-
-    def normalise(self, images: Tensor) -> Tensor:  # float (B, C, H, W) in [0, 1] -> standardised
-        return (images - self.mean) / self.std
-
-    def locality_batch(self) -> Tensor:
-        """The fixed batch locality is measured on: the first ``LOCALITY_BATCH`` test images, normalised."""
-        return self.normalise(self.test_images[:LOCALITY_BATCH].float().div(255))  # (B, C, H, W)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -544,7 +506,6 @@ def run_trial(
 
 
 __all__ = [
-    "DeviceData",
     "DivergedError",
     "EpochInterrupted",
     "Reporter",

@@ -32,7 +32,7 @@ from pipeline.trial.device import autocast
 if TYPE_CHECKING:
     from pipeline.config import TrainConfig
     from pipeline.trial.checkpoint import Trial
-    from pipeline.trial.loop import DeviceData
+    from pipeline.trial.device_data import DeviceData
 
 MODE = "whole-step"  # the ``train.compile`` value
 WARMUP_STEPS = 3  # before capture: CUDA graphs want the allocator and every lazy state settled (torch's recipe)

@@ -19,7 +19,7 @@ from pipeline.models.transformed_resnet import transform_resnet
 from pipeline.sweep.identity import sweep_hash
 from pipeline.sweep.manifest import TrialRecord, TuneManifest
 from pipeline.trial.checkpoint import save_model_checkpoint
-from pipeline.trial.loop import DeviceData
+from pipeline.trial.device_data import DeviceData
 
 PARAMS = Path(__file__).resolve().parents[4] / "params.yaml"
 

@@ -23,7 +23,8 @@ from pipeline.measure.speed import (
     set_gaussian_heads,
 )
 from pipeline.models import build_model
-from pipeline.trial.loop import DeviceData, build_optimizer, evaluate
+from pipeline.trial.device_data import DeviceData
+from pipeline.trial.loop import build_optimizer, evaluate
 
 SMALL = ModelConfig(hidden=16, layers=2, ffn=24, learned_dim=8, resnet_width=4, dropout=0.0, attention_dropout=0.0)
 

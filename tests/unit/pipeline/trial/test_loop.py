@@ -28,6 +28,7 @@ from pipeline.trial.checkpoint import (
     save_model_checkpoint,
 )
 from pipeline.trial.device import device_tags
+from pipeline.trial.device_data import DeviceData
 from pipeline.trial.loop import (
     DivergedError,
     WarmupCosine,
@@ -627,7 +628,7 @@ def _epoch_as_of_54ad0ab(trial, data, cfg) -> dict[str, float]:
 
 def _fresh_trial(model_cfg: ModelConfig, cfg: TrainConfig, data: PreparedData):
     trial = train._start(model_cfg, cfg, data, torch.device("cpu"), resume=None, init=None, heads_per_layer=None)
-    return trial, train.DeviceData.from_prepared(data, torch.device("cpu"))
+    return trial, DeviceData.from_prepared(data, torch.device("cpu"))
 
 
 def test_the_host_free_step_is_bit_equal_to_the_step_before_it():
