@@ -25,6 +25,7 @@ import yaml
 from pipeline.sweep.tracking.server import MlflowServer
 from tests.cluster.conftest import epochs_logged, run_tags, tiny_cluster_params
 from tests.cluster.slurm import SlurmCluster
+from tests.cluster.test_gpu_nodes import batches_per_epoch
 from tests.project_copy import copy_project
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -35,6 +36,7 @@ VENV = Path(sys.executable).parent.parent
 PACED = Path(__file__).with_name("paced_batches")
 JOB_TIMEOUT_S = 600
 REQUEUE_EPOCHS = 4
+NOTICE_EPOCHS, NOTICE_SLEEP_S = 3, 0.25  # ~7 s epochs: the notice lands in epoch 2
 
 
 def _project(path: Path, params: dict) -> Path:
@@ -184,3 +186,60 @@ def test_slurm_requeued_job_resumes_every_trial(
         assert tags.get("tune.status") == "finished" and "tune.failure_reason" not in tags
     assert [run for run, (status, _) in runs.items() if status != "FINISHED"] == []  # nothing left RUNNING
     assert json.loads(_dvc(project, "status", "--json", "tune").stdout) == {}
+
+
+def test_slurm_notice_drains_requeues_and_resumes(
+    slurm_cluster: SlurmCluster, slurm_tracking: MlflowServer, tmp_path: Path
+) -> None:
+    """SLURM's notice (``#SBATCH --signal=B:USR1@60`` in study.sbatch) once both trials logged epoch 1: the script
+    drains every Ray node for preemption, each trial saves its epoch in progress at the next batch, the job requeues
+    itself, and the next allocation resumes each trial from that batch. ``scancel --batch --signal=USR1`` sends USR1
+    to the batch shell alone, as SLURM does at the time limit's notice (or a preemption's, with
+    ``preempt_send_user_signal``); sent here by hand, not waiting up to a minute for SLURM's check of time limits."""
+    epochs = NOTICE_EPOCHS
+    params = tiny_cluster_params(uri=slurm_tracking.uri, system_metrics=False)
+    params["tracking"]["experiment"] = experiment = "slurm-notice"
+    params["train"]["epochs"] = epochs
+    project = _project(tmp_path / "project", params)
+    pace, batch_log = tmp_path / "paced.json", tmp_path / "batches.log"  # test-only: a sleep and a record per batch
+    pace.write_text(json.dumps({"sleep_s": NOTICE_SLEEP_S, "log": str(batch_log), "start_together": 2}))
+    env = _submit_env(PYTHONPATH=str(PACED), PACED_BATCHES=str(pace))
+    began, db = time.monotonic(), slurm_tracking.database
+    job, log = _run_job(slurm_cluster, project, env, "tune")
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while sum(bool(epochs_logged(slurm_tracking.database, r)) for r in _experiment_runs(db, experiment)) < 2:
+        assert slurm_cluster.job_state(job) in ("PENDING", "RUNNING"), log.read_text()[-6000:]
+        assert time.monotonic() < deadline, "the two trials did not both log epoch 1"
+        time.sleep(0.5)
+    slurm_cluster.command("scancel", "--batch", "--signal=USR1", str(job))
+    noticed = time.monotonic()
+    text = _finish(slurm_cluster, job, log)
+    seconds = time.monotonic() - began
+
+    assert slurm_cluster.job(job)["Restarts"] == "1"  # the job requeued itself
+    assert text.count("study.sbatch: job") == 2, text[-6000:]
+    saved = re.search(r"study\.sbatch: drain checkpoints after (\S+) s, (\d+) trial\(s\) without", text)
+    assert saved and saved[2] == "0", text[-6000:]  # every running trial saved its drain checkpoint before the requeue
+    manifest = json.loads((project / "results/tune/manifest.json").read_text())
+    assert [t["status"] for t in manifest["trials"]] == ["finished", "finished"]
+    runs = _experiment_runs(slurm_tracking.database, experiment)
+    trial_runs = {run: tags for run, (_, tags) in runs.items() if "variant" in tags}
+    assert sorted(trial_runs) == sorted(t["run_id"] for t in manifest["trials"])  # one run per trial, both allocations
+    for run, tags in trial_runs.items():
+        assert epochs_logged(slurm_tracking.database, run) == list(range(1, epochs + 1))  # each epoch once
+        assert tags.get("tune.status") == "finished" and "tune.failure_reason" not in tags
+    assert [run for run, (status, _) in runs.items() if status != "FINISHED"] == []  # nothing left RUNNING
+    # The work lost: batches trained twice, from the paced batch log of both allocations.
+    batches = [line.split() for line in batch_log.read_text().splitlines() if line.startswith("batch ")]
+    per_epoch = batches_per_epoch(slurm_tracking.database, next(iter(trial_runs)), params["train"]["batch_size"])
+    lost = {}
+    for tags in trial_runs.values():
+        trial = tags["ray.trial_id"]
+        assert [b for b in batches if b[1] == trial and b[3] == "1"], f"trial {trial} saw no notice"
+        trained = [b for b in batches if b[1] == trial and b[3] == "0"]
+        lost[trial] = (len(trained) - epochs * per_epoch) / per_epoch
+        assert 0 <= lost[trial] < 0.1, f"trial {trial} lost {lost[trial]:.0%} of an epoch ({len(trained)} batches)"
+    print(
+        f"notice at {noticed - began:.1f} s, drain checkpoints {saved[1]} s after the drain, done at {seconds:.1f} s; "
+        f"lost per trial: {', '.join(f'{v:.1%}' for v in lost.values())} of an epoch ({per_epoch} batches)"
+    )
