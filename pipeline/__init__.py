@@ -2,6 +2,7 @@
 
 - ``config``     ``params.yaml`` -> typed, validated configuration (errors name the key and the file)
 - ``encodings``  the registry of encodings and attention kinds: each one's class, config fields and what it reports
+- ``overlay``    a params overlay (``params/band.yaml``) as ``dvc exp run -S`` overrides, checked first
 - ``io``         atomic writes, output-location checks, the failures that count as bad input
 - ``models/``    the encodings, the attention layer, the SA classifier, ResNet18 (and rebuilt as attention), Theorem 1,
                  the pruning rule

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import Params
-from pipeline.sweep.overlay import overlay_overrides
+from pipeline.overlay import overlay_overrides
 from stages._cli import main_for, make_parser
 
 log = logging.getLogger("stages.band")

@@ -12,7 +12,6 @@ The tune stage (``stages.tune``) reads it top-down:
 - ``checkpoints`` a trial folder's newest checkpoint that loads (resume, a replayed upload)
 - ``identity``   what names a trial and a sweep (``trial_key``, ``tune-<hash>``), and the trial code
 - ``preflight``  what is checked before Ray starts; ``dry_run``: what ``--dry-run`` prints
-- ``overlay``    a params overlay (``params/band.yaml``) as ``dvc exp run -S`` overrides, checked first
 - ``tracking/``  MLflow behind one seam (its store interface: ``Store``): store and client, tags, parent run,
                  callback, outage buffer, models, registry
 - ``manifest``   the tune manifest other stages read (no Ray, no MLflow)

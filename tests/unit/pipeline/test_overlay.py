@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError
-from pipeline.sweep.overlay import overlay_overrides
+from pipeline.overlay import overlay_overrides
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_band_overlay_sets_five_paired_seeds_of_the_papers_variants() -> None:
