@@ -320,13 +320,19 @@ def _cka_claim(ev: Evidence, variant: str) -> Claim:
     )
 
 
-def _theorem_claim() -> Claim:
+def theorem_case() -> tuple[torch.nn.Conv2d, torch.Tensor]:
+    """The random 3x3 convolution (3 -> 4 channels, weights N(0, 0.5^2), seed 0) and 8x8 input on which the report
+    checks Theorem 1: its claim at one softmax width, its figure over many, the same case."""
     generator = torch.Generator().manual_seed(0)
     conv = torch.nn.Conv2d(3, 4, 3, padding=1)
     with torch.no_grad():
         for p in conv.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
-    x = torch.randn(1, 3, 8, 8, generator=generator)
+    return conv, torch.randn(1, 3, 8, 8, generator=generator)
+
+
+def _theorem_claim() -> Claim:
+    conv, x = theorem_case()
     error = theorem_error_vs_alpha(conv, x, [THEOREM_ALPHA])[0][1]
     return Claim(
         "Theorem 1: attention with 9 quadratic heads expresses a 3x3 convolution exactly",

@@ -27,7 +27,7 @@ from analysis import figures
 from analysis.band import band_section_body
 from analysis.beyond_paper import write_beyond_paper
 from analysis.cka_report import write_cka
-from analysis.claims import Evidence, claims, claims_table, run_link
+from analysis.claims import Evidence, claims, claims_table, run_link, theorem_case
 from analysis.compute import compute_section_body, study_compute
 from analysis.data_size import write_data_size
 from analysis.gaussian_locality import CONV_LIKE_MAX_DISTANCE, CONV_LIKE_RULE
@@ -628,12 +628,7 @@ def _locality(fx: _Figures, locality: pd.DataFrame, offsets: dict[str, float]) -
 
 
 def _theorem(fx: _Figures) -> tuple[Figure, str]:
-    generator = torch.Generator().manual_seed(0)
-    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
-    with torch.no_grad():
-        for p in conv.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
-    x = torch.randn(1, 3, 8, 8, generator=generator)
+    conv, x = theorem_case()
     points = theorem_error_vs_alpha(conv, x, THEOREM_ALPHAS)
     fig = figures.theorem_error(points, title="Theorem 1: attention heads built from a 3x3 convolution")
     sentence = (
