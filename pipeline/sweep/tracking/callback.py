@@ -110,7 +110,6 @@ class MlflowTrialCallback(Callback):
         dataset: PreparedDataset | None = None,
         buffer_dir: Path | None = None,
         storage: StoragePath | None = None,
-        background: bool = True,
     ) -> None:
         self.parent = parent
         self.run_info = run_info
@@ -125,7 +124,6 @@ class MlflowTrialCallback(Callback):
         self._written: dict[str, dict[str, Any]] = {}  # trial_id -> run name and tags it wrote (read while down)
         self._client: CountingClient | None = None
         self._buffer: TrackingBuffer | None = None
-        self.background = background  # False: every write is made on Tune's event loop (benchmarks)
         self.ends = TrialEnds(self)
         self.epoch_writes = EpochWrites(self)
         self.failures = FailedAttempts()  # the stage's summary of lost attempts
@@ -140,7 +138,7 @@ class MlflowTrialCallback(Callback):
     def buffer(self) -> TrackingBuffer:
         if self._buffer is None:
             uri, client = self.parent.tracking_uri, lambda: self.client
-            self._buffer = TrackingBuffer(self.buffer_file, uri, client, self.background)
+            self._buffer = TrackingBuffer(self.buffer_file, uri, client, background=True)  # off Tune's event loop
         return self._buffer
 
     @property
