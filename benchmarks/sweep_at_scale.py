@@ -96,8 +96,7 @@ def scaled_params(
     checkpoint_interval_s: float | None = None,
 ) -> Params:
     """``base`` with one variant x ``trials`` seeds, ``epochs`` each, at ``concurrency`` (and its checkpoint interval,
-    unless given); system metrics off (a sampling thread per trial is a cost of its own, measured by
-    ``sweep_overhead``'s tests, not here)."""
+    unless given); system metrics off (a sampling thread per trial is a cost of its own, not measured here)."""
     raw = base.model_dump(mode="json")
     raw["train"]["epochs"] = epochs
     if checkpoint_interval_s is not None:
