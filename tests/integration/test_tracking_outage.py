@@ -182,7 +182,7 @@ def _assert_runs_complete(
             steps = [m.step for m in client.get_metric_history(run.info.run_id, metric)]
             assert sorted(steps) == list(range(1, epochs + 1)), (metric, steps)  # none lost, none twice
         uploaded = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
-        assert "checkpoint/checkpoint.pt" in uploaded and run.data.tags["model_uri"].startswith("models:/")
+        assert "checkpoint/checkpoint.pt" in uploaded and "tune.checkpoint" in run.data.tags
     return runs
 
 

@@ -13,10 +13,11 @@
 - ``failures``      a trial's failed attempts: why, whether retried, a full disk that stops the sweep
 - ``buffer``        the driver's writes, made in order on one writer thread off Tune's event loop, kept on disk
                     through a tracking-server outage and replayed when it answers
-- ``logged_model``  a trial's final model and dataset as MLflow logs them
+- ``logged_model``  a trial's checkpoint and dataset as MLflow logs them; a registered run's final model
 - ``registry``      what a finished run publishes: the parent's description and summary, the registered models
+                    (each variant's best seed, its model logged then)
 - ``claims``        claims on trial identities in a store several projects share: one trains, the others wait
-- ``trial_end``     a trial's end-of-run MLflow work (checkpoint, model, run closed), on the buffer's writer thread
+- ``trial_end``     a trial's end-of-run MLflow work (checkpoint, dataset, run closed), on the buffer's writer thread
 - ``system_metrics`` MLflow's system metrics sampled in the trial's worker
 - ``ui``            the MLflow UI address of a sweep's trials
 - ``server``        a real ``mlflow server`` of our own (tests, benchmarks)

@@ -228,8 +228,9 @@ class TrackingBuffer:
     def upload_checkpoint(
         self, run_id: str, checkpoint: StoragePath, trial_dir: StoragePath, dataset: PreparedDataset | None
     ) -> None:
-        """The trial's checkpoint folder as the run's ``checkpoint/`` artifact and its final model (``log_checkpoint``);
-        the trial's newest checkpoint that loads when the write is applied (Tune may have deleted ``checkpoint``)."""
+        """The trial's checkpoint folder as the run's ``checkpoint/`` artifact and its dataset as its input
+        (``log_checkpoint``): the trial's newest checkpoint that loads when the write is applied (Tune may have deleted
+        ``checkpoint``)."""
         dataset_fields = asdict(dataset) if dataset else None
         entry = {"op": "upload_checkpoint", "run_id": run_id, "checkpoint": str(checkpoint), "dataset": dataset_fields}
         self.write({**entry, "trial_dir": str(trial_dir)})
@@ -358,7 +359,7 @@ class TrackingBuffer:
             log.warning("MLflow: run %s gets no checkpoint: no checkpoint in %s loads", run_id, entry["trial_dir"])
             return
         with checkpoint.as_local() as copy:
-            log_checkpoint(self.client, self.uri, run_id, copy, dataset, location=str(checkpoint))
+            log_checkpoint(self.client, run_id, copy, dataset, location=str(checkpoint))
 
     def _resolve(self, placeholder: str, run_id: str) -> None:
         """Kept on disk beside the buffer: Tune's saved state may name the placeholder (it was saved before the run

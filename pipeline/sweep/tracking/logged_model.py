@@ -1,17 +1,23 @@
-"""A trial's final model as an MLflow model, and the prepared dataset as its run's input, logged by the driver.
+"""A trial's checkpoint and dataset, logged by the driver when the trial ends, and its final model as an MLflow model,
+logged only where one is used: when the registry registers the run.
 
-Both are logged once, when the trial ends, from its last checkpoint: trials never talk to MLflow. The model is pickled
-(``mlflow.pytorch``'s ``pickle`` format, ~1 s per model; ``pt2`` took ~8 s), so loading it needs this project
-importable. It carries its signature but no input example: with one, ``log_model`` loads the model back to predict,
-0.74 s of driver CPU per paper-size trial.
+Every run gets its checkpoint folder as artifact ``checkpoint/`` and the prepared dataset as its input: trials never
+talk to MLflow. An MLflow model is logged for the runs the registry registers only (``log_run_model``: the best seed
+per variant), from that checkpoint: for every trial it cost 21 of a trial's 33 HTTP requests (the model's files, its
+own records, a read-back of every metric's history to link them) and most of the driver's and the server's CPU per
+trial, for models nobody loads (the analysis reads the checkpoints). The model is pickled (``mlflow.pytorch``'s
+``pickle`` format, ~1 s per model; ``pt2`` took ~8 s), so loading it needs this project importable. It carries its
+signature but no input example: with one, ``log_model`` loads the model back to predict, 0.74 s of driver CPU per
+paper-size model.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +25,17 @@ import mlflow
 import mlflow.artifacts
 import mlflow.pytorch
 import torch
-from mlflow.entities import Dataset, DatasetInput, InputTag, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Run, RunTag
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import DataConfig
+from pipeline.sweep.storage import StoragePath, found_file
 from pipeline.sweep.tracking.tags import CHECKPOINT_TAG, MODEL_URI_TAG
-from pipeline.trial.checkpoint import load_checkpoint, model_from_payload
+from pipeline.trial.checkpoint import CorruptCheckpointError, load_checkpoint, model_from_payload
+from pipeline.trial.report import CHECKPOINT_FILE
+
+log = logging.getLogger(__name__)
 
 MODEL_NAME = "model"  # a run without variant and seed tags (not a trial's)
 EXAMPLE_BATCH = 2  # images the signature is inferred from; not 1, so it keeps the batch size free
@@ -65,9 +75,11 @@ def log_trial_model(
     checkpoint_dir: Path,
     dataset: PreparedDataset | None,
     payload: dict | None = None,
+    run: Run | None = None,
 ) -> str:
     """Log the checkpoint's model (with its signature) and ``dataset`` as the input of run
-    ``run_id``; return the model's URI (``models:/<id>``). ``payload``: the checkpoint, already loaded."""
+    ``run_id``; return the model's URI (``models:/<id>``). ``payload``: the checkpoint, already loaded; ``run``: the
+    run, already read (its tags name the model, its params are the model's)."""
     payload = payload if payload is not None else load_checkpoint(checkpoint_dir)
     model = model_from_payload(payload)
     example = torch.zeros(EXAMPLE_BATCH, *payload["image_shape"])
@@ -76,7 +88,7 @@ def log_trial_model(
     signature = infer_signature(example.numpy(), logits.numpy())
     if dataset is not None:
         client.log_inputs(run_id, datasets=[dataset_input(dataset)])
-    run = client.get_run(run_id)
+    run = run if run is not None else client.get_run(run_id)
     pytorch_log = logging.getLogger("mlflow.pytorch")
     level = pytorch_log.level
     # Its pickle-format warning (once per model, on every trial's end) is the choice the module docstring explains.
@@ -116,24 +128,51 @@ def model_name(tags: dict[str, str]) -> str:
     return f"{tags['variant']}-seed{tags['seed']}{pruned}"
 
 
+def log_run_model(client: MlflowClient, tracking_uri: str, run: Run) -> str:
+    """The final model of ``run`` (a trial's run, ended) logged from its checkpoint and tagged ``model_uri``, unless it
+    has one already; the model's URI. The checkpoint is read where ``tune.checkpoint`` names it while that copy loads
+    (no download where Ray's copy is on this disk), else from the run's ``checkpoint/`` artifact."""
+    if known := run.data.tags.get(MODEL_URI_TAG):
+        return known
+    run_id = run.info.run_id
+    with ExitStack() as stack:
+        folder, payload = _checkpoint_of(run, tracking_uri, stack)
+        model_uri = log_trial_model(client, tracking_uri, run_id, folder, None, payload, run)
+    client.log_batch(run_id, tags=[RunTag(MODEL_URI_TAG, model_uri)])
+    return model_uri
+
+
+def _checkpoint_of(run: Run, tracking_uri: str, stack: ExitStack) -> tuple[Path, dict]:
+    """The run's checkpoint folder on this disk (kept open by ``stack``) and its loaded ``checkpoint.pt``."""
+    location = run.data.tags.get(CHECKPOINT_TAG)
+    if location and found_file(StoragePath(location) / CHECKPOINT_FILE):
+        local = stack.enter_context(StoragePath(location).as_local())
+        try:
+            return local, load_checkpoint(local)
+        except (FileNotFoundError, CorruptCheckpointError) as err:  # deleted or rewritten since: the run's own copy
+            log.info("MLflow: %s does not load (%s); reading run %s's artifact", location, err, run.info.run_id)
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="run-checkpoint-")))
+    local = Path(download_checkpoint(tracking_uri, f"runs:/{run.info.run_id}/checkpoint", tmp))
+    return local, load_checkpoint(local)
+
+
 def log_checkpoint(
     client: MlflowClient,
-    tracking_uri: str,
     run_id: str,
     checkpoint_dir: Path,
     dataset: PreparedDataset | None,
     location: str | None = None,
-    payload: dict | None = None,
     tags: dict[str, str] | None = None,
 ) -> None:
-    """A trial's checkpoint folder as artifact ``checkpoint/`` of run ``run_id`` and its final model, then the tags
-    ``tune.checkpoint`` (``location``: where a downloaded copy is kept) and ``model_uri``, with ``tags``, in one
-    request. ``payload``: ``checkpoint.pt`` already loaded."""
+    """A trial's checkpoint folder as artifact ``checkpoint/`` of run ``run_id`` and ``dataset`` as its input, then
+    the tag ``tune.checkpoint`` (``location``: where a downloaded copy is kept) with ``tags``, in one request. No model:
+    ``log_run_model`` logs one from this artifact for a run the registry registers."""
     client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
-    model_uri = log_trial_model(client, tracking_uri, run_id, checkpoint_dir, dataset, payload)
-    # Both tags in one request once both are known: a model log that fails leaves neither, so the run does not count
-    # as complete (``reuse.is_complete`` needs the checkpoint tag) and a later sweep does not reuse it.
-    written = {**(tags or {}), CHECKPOINT_TAG: location or str(checkpoint_dir), MODEL_URI_TAG: model_uri}
+    if dataset is not None:
+        client.log_inputs(run_id, datasets=[dataset_input(dataset)])
+    # The tag last, once the upload is made: a failed upload leaves none, so the run does not count as complete
+    # (``reuse.is_complete`` needs the checkpoint tag) and a later sweep does not reuse it.
+    written = {**(tags or {}), CHECKPOINT_TAG: location or str(checkpoint_dir)}
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in written.items()])
 
 

@@ -2,8 +2,9 @@
 
 Without these the runs table shows a parent row with no metric until it is expanded. The parent gets a Markdown
 description and ``test_acc.<variant>`` (the mean final test accuracy over seeds), so the collapsed table compares
-variants. Each variant's best trial has its model registered as ``<experiment>.<variant>``, tagged with its sweep,
-params hash and trial key; alias ``best`` follows the version with the highest test accuracy.
+variants. Each variant's best trial has its model logged from its checkpoint (the only trials that get an MLflow model:
+``logged_model.log_run_model``) and registered as ``<experiment>.<variant>``, tagged with its sweep, params hash and
+trial key; alias ``best`` follows the version with the highest test accuracy.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from pipeline.sweep.manifest import COMPLETED, TrialRecord
-from pipeline.sweep.tracking.logged_model import using_tracking_uri
+from pipeline.sweep.tracking.logged_model import log_run_model, using_tracking_uri
 from pipeline.sweep.tracking.store import mlflow_client
-from pipeline.sweep.tracking.tags import KEY_TAG, MODEL_URI_TAG, NOTE_TAG, PARENT_TAG
+from pipeline.sweep.tracking.tags import KEY_TAG, NOTE_TAG, PARENT_TAG
+from pipeline.trial.checkpoint import CorruptCheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,8 @@ def summary_note(summary: SweepSummary, registered: dict[str, str]) -> str:
         f"**{summary.title}**, {summary.epochs} epochs each, on {summary.data}.",
         "",
         "Each child run (expand this row) is one trial: its params are the full config, its metrics are logged per "
-        "epoch (`step` = epoch), its artifacts hold the final checkpoint, and its model is an MLflow model. "
+        "epoch (`step` = epoch) and its artifacts hold the final checkpoint; the best seed of each variant also has "
+        "its model as an MLflow model, registered. "
         "`test_acc.<variant>` on this run is the final test accuracy averaged over seeds; select the children and "
         "*Compare* to plot `test_acc` per epoch.",
         "",
@@ -73,12 +76,13 @@ def best_trials(trials: list[TrialRecord]) -> dict[str, TrialRecord]:
 def register_best_models(
     tracking_uri: str, experiment: str, trials: list[TrialRecord], suffix: str = ""
 ) -> dict[str, str]:
-    """Register the final model of each variant's best trial as ``<experiment>.<variant><suffix>`` (a new version
-    unless this run's model is one already); variant -> registered name. A tracking error only warns."""
+    """Register the final model of each variant's best trial as ``<experiment>.<variant><suffix>`` (logged from its
+    checkpoint first unless its run has one; a new version unless this run's model is one already); variant ->
+    registered name. A tracking error only warns."""
     client = mlflow_client(tracking_uri)
     try:
         with using_tracking_uri(tracking_uri):  # the registry resolves a version's ``models:/`` source through it
-            return _register(client, experiment, trials, suffix)
+            return _register(client, tracking_uri, experiment, trials, suffix)
     except MlflowException as err:
         log.warning("MLflow: could not register the models: %s", err)
         return {}
@@ -102,13 +106,16 @@ def model_description(variant: str, suffix: str) -> str:
     )
 
 
-def _register(client: MlflowClient, experiment: str, trials: list[TrialRecord], suffix: str) -> dict[str, str]:
+def _register(
+    client: MlflowClient, tracking_uri: str, experiment: str, trials: list[TrialRecord], suffix: str
+) -> dict[str, str]:
     registered = {}
     for variant, trial in sorted(best_trials(trials).items()):
         run = client.get_run(str(trial.run_id))
-        model_uri = run.data.tags.get(MODEL_URI_TAG)
-        if model_uri is None:
-            log.warning("MLflow: run %s of %s has no logged model; not registered", trial.run_id, variant)
+        try:
+            model_uri = log_run_model(client, tracking_uri, run)
+        except (OSError, MlflowException, CorruptCheckpointError) as err:  # no checkpoint that loads: none to register
+            log.warning("MLflow: run %s of %s has no model to register: %s", trial.run_id, variant, err)
             continue
         name = f"{experiment}.{variant}{suffix}"
         description = model_description(variant, suffix)

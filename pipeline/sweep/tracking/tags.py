@@ -2,7 +2,8 @@
 
 A trial's run holds its full config as params (``flatten``), its per-epoch metrics at ``step = epoch``, the tags
 below (with the sweep's ``dvc_stage``, ``params_hash``, ``git_commit`` and MLflow's ``mlflow.user`` /
-``mlflow.source.*``) and, when it ends, its checkpoint, final model and dataset (``logged_model``). A parent run holds
+``mlflow.source.*``) and, when it ends, its checkpoint and dataset (``logged_model``); the best seed of a variant also
+its final model, logged when it is registered (``registry``). A parent run holds
 the stage's params, ``sweep_trials.json`` and, once finished, a description and summary metrics (``registry``).
 """
 
@@ -31,7 +32,7 @@ LAST_EPOCH_TAG = "tune.last_epoch"
 FAILURE_REASON_TAG = "tune.failure_reason"  # why a trial failed without retries (UnretryableTrialError)
 STOP_REASON_TAG = "tune.stop_reason"  # why the driver last stopped a run it closed as KILLED (a full storage)
 CHECKPOINT_TAG = "tune.checkpoint"  # the checkpoint folder uploaded as the run's artifact ``checkpoint/``
-MODEL_URI_TAG = "model_uri"  # ``models:/<model id>`` of the run's final model (the registry's source)
+MODEL_URI_TAG = "model_uri"  # ``models:/<model id>`` of the run's final model: only on a registered run's
 NOTE_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 DVC_EXP_TAG = "dvc.exp_name"
 GIT_COMMIT_ENV = "PIPELINE_GIT_COMMIT"  # a checkout without .git (a Ray job's working_dir): the commit it was made from

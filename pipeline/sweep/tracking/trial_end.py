@@ -1,10 +1,11 @@
-"""A trial's end-of-run MLflow work (how it ended, checkpoint upload, final model, run closed), on the buffer's writer.
+"""A trial's end-of-run MLflow work (how it ended, checkpoint, dataset input, run closed), on the buffer's writer.
 
-Why: at paper size a trial's end reads a 92 MiB checkpoint, uploads it and logs the model: seconds during which Tune's
-event loop would start no trial. On the callback's writer thread (``TrackingBuffer.serially``), behind the run's
-epochs, the next trial starts meanwhile; its errors are raised in the driver (``settle``, ``stop_writer``). The
-checkpoint is read once (verified, then rebuilt into the model) and uploaded with the end tags in one request; with
-the server down, what is left goes to the outage buffer in order.
+Why: at paper size a trial's end reads a 92 MiB checkpoint and uploads it: seconds during which Tune's event loop would
+start no trial. On the callback's writer thread (``TrackingBuffer.serially``), behind the run's epochs, the next trial
+starts meanwhile; its errors are raised in the driver (``settle``, ``stop_writer``). The checkpoint is read once (a
+file that does not load is not uploaded), uploaded, and tagged with the end tags in one request; with the server down,
+what is left goes to the outage buffer in order. No MLflow model is logged here: the registry logs one for the runs it
+registers (``logged_model.log_run_model``).
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ def _not_loading(trial_id: str, checkpoint: Any) -> None:
 
 
 class TrialEnds:
-    """The callback's trial ends: how each ended, its checkpoint, model and dataset logged, its run closed. Holds no
-    state Tune must keep."""
+    """The callback's trial ends: how each ended, its checkpoint and dataset logged, its run closed. Holds no state
+    Tune must keep."""
 
     def __init__(self, callback: CallbackView) -> None:
         self.callback = callback
 
     def end(self, run_id: str, trial: Any, status: str, tags: dict[str, str]) -> None:
-        """Tag the trial's run with how it ended (``tags``), log its last checkpoint and model, close it with
+        """Tag the trial's run with how it ended (``tags``), log its last checkpoint, close it with
         ``status``: on the writer thread, after the run's earlier writes."""
         callback, checkpoint = self.callback, trial.checkpoint
         location = str(callback.location_of(checkpoint.path)) if checkpoint is not None else ""
@@ -68,7 +69,7 @@ class TrialEnds:
         callback.buffer.serially(lambda: self.end_trial(end))
 
     def end_trial(self, end: TrialEnd) -> None:
-        """Upload the checkpoint and log the model directly while the server answers; then (or else) the writes left,
+        """Upload the checkpoint directly while the server answers; then (or else) the writes left,
         through the buffer, which queues them while the server is down."""
         buffer = self.callback.buffer
         end.run_id = buffer.run_id(end.run_id)  # made by now, unless the server is down (then the replay maps it)
@@ -84,20 +85,17 @@ class TrialEnds:
         buffer.set_terminated(end.run_id, end.status)
 
     def _upload(self, end: TrialEnd) -> None:
-        """The checkpoint read once (a truncated file must not become the run's checkpoint), uploaded, rebuilt into
-        the logged model, with the end tags; an outage leaves ``end.uploaded`` false for the buffer."""
+        """The checkpoint read once (a truncated file must not become the run's checkpoint), uploaded with the end
+        tags; an outage leaves ``end.uploaded`` false for the buffer."""
         callback = self.callback
         try:
             with end.checkpoint.as_directory() as local:  # a download when the storage is a bucket
                 try:
-                    payload = load_checkpoint(Path(local))
+                    load_checkpoint(Path(local))
                 except (FileNotFoundError, CorruptCheckpointError):
                     _not_loading(end.trial_id, end.checkpoint)
                 else:
-                    uri, dataset = callback.parent.tracking_uri, callback.dataset
-                    log_checkpoint(
-                        callback.client, uri, end.run_id, Path(local), dataset, end.location, payload, end.tags
-                    )
+                    log_checkpoint(callback.client, end.run_id, Path(local), callback.dataset, end.location, end.tags)
                     end.tagged = True
         except Exception as err:
             if callback.buffer_file is not None and is_outage(err):  # as TrackingBuffer.write decides
@@ -106,5 +104,5 @@ class TrialEnds:
             if not isinstance(err, (OSError, MlflowException)):
                 raise
             # the run's metrics are still worth keeping
-            log.warning("MLflow: could not log the checkpoint or model of trial %s: %s", end.trial_id, err)
+            log.warning("MLflow: could not log the checkpoint of trial %s: %s", end.trial_id, err)
         end.uploaded = True  # nothing (more) to upload

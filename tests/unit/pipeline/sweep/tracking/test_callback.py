@@ -224,7 +224,7 @@ def test_only_a_checkpoint_that_loads_is_uploaded(client, tmp_path: Path, trunca
     run = mlflow.get_run(callback.run_ids()["t-upload"])
     uploaded = [a.path for a in mlflow.list_artifacts(run.info.run_id, "checkpoint")]
     assert uploaded == ([] if truncated else ["checkpoint/checkpoint.pt"])
-    assert ("model_uri" in run.data.tags) is not truncated  # nor is a model logged from it
+    assert "model_uri" not in run.data.tags  # a trial's end logs no model: the registry logs those it registers
     assert ("tune.checkpoint" in run.data.tags) is not truncated  # the manifest links only an uploaded checkpoint
     assert run.info.status == "FINISHED"
 
@@ -299,8 +299,8 @@ def _checkpointed_trial(tmp_path: Path, trial_id: str) -> _Trial:
 def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
     client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """on_trial_complete returns while the model is still being logged (Tune starts the next trial meanwhile); the run
-    is labelled and closed after its model, and on_experiment_end waits for it."""
+    """on_trial_complete returns while the checkpoint is still being uploaded (Tune starts the next trial meanwhile);
+    the run is labelled and closed after its upload, and on_experiment_end waits for it."""
     import threading
 
     from pipeline.sweep.tracking import trial_end as module
@@ -319,16 +319,16 @@ def test_a_trials_end_is_logged_off_tunes_event_loop_and_drained_at_the_end(
     callback = MlflowTrialCallback(sweep, _describe, {}, epochs=1)
     callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
     _report(callback, trial, 1)
-    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)  # returns; the writer thread logs the model
+    callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)  # returns; the writer thread uploads
     assert entered.wait(60)
     run_id = callback.run_ids()["t-background"]
     during = mlflow.get_run(run_id)
-    assert during.info.status == "RUNNING" and "model_uri" not in during.data.tags
+    assert during.info.status == "RUNNING" and "tune.checkpoint" not in during.data.tags
     assert during.data.tags["tune.status"] == "running"  # labelled with the checkpoint's tags, in one request
     release.set()
     callback.on_experiment_end(trials=[trial])
     after = mlflow.get_run(run_id)
-    assert after.info.status == "FINISHED" and "model_uri" in after.data.tags
+    assert after.info.status == "FINISHED" and "tune.checkpoint" in after.data.tags
     assert after.data.tags["tune.status"] == "finished" and after.data.tags["tune.last_epoch"] == "1"
     assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
 
@@ -377,7 +377,7 @@ def test_a_write_the_store_refuses_on_the_writer_thread_is_raised_in_the_driver(
 
 
 def test_a_trials_checkpoint_is_read_once_at_its_end(client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Verified, then rebuilt into the logged model, from one read of checkpoint.pt."""
+    """Verified, then uploaded, from one read of checkpoint.pt."""
     mlflow, experiment_id = client
     sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
     trial = _checkpointed_trial(tmp_path, "t-read-once")
@@ -389,7 +389,7 @@ def test_a_trials_checkpoint_is_read_once_at_its_end(client, tmp_path: Path, mon
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
     callback.on_experiment_end(trials=[trial])
     assert [Path(p).name for p in reads if Path(p).name == "checkpoint.pt"] == ["checkpoint.pt"]
-    assert "model_uri" in mlflow.get_run(callback.run_ids()["t-read-once"]).data.tags
+    assert "tune.checkpoint" in mlflow.get_run(callback.run_ids()["t-read-once"]).data.tags
 
 
 def test_a_trial_whose_checkpoint_does_not_load_still_ends_labelled(client, tmp_path: Path) -> None:
@@ -405,7 +405,7 @@ def test_a_trial_whose_checkpoint_does_not_load_still_ends_labelled(client, tmp_
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
     callback.on_experiment_end(trials=[trial])
     run = mlflow.get_run(callback.run_ids()["t-truncated"])
-    assert run.info.status == "FINISHED" and "model_uri" not in run.data.tags
+    assert run.info.status == "FINISHED" and "tune.checkpoint" not in run.data.tags
     assert run.data.tags["tune.status"] == "early_stopped" and run.data.tags["tune.last_epoch"] == "1"
 
 
@@ -418,7 +418,7 @@ def test_an_error_at_a_trials_end_is_raised_in_the_driver_when_the_sweep_ends(
     sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
 
     def broken(*args, **kwargs) -> None:
-        raise RuntimeError("a bug in the model logging")
+        raise RuntimeError("a bug in the checkpoint upload")
 
     monkeypatch.setattr(module, "log_checkpoint", broken)
     trial = _checkpointed_trial(tmp_path, "t-broken")
@@ -426,7 +426,7 @@ def test_an_error_at_a_trials_end_is_raised_in_the_driver_when_the_sweep_ends(
     callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
     _report(callback, trial, 1)
     callback.on_trial_complete(iteration=1, trials=[trial], trial=trial)
-    with pytest.raises(RuntimeError, match="a bug in the model logging"):
+    with pytest.raises(RuntimeError, match="a bug in the checkpoint upload"):
         callback.on_experiment_end(trials=[trial])
 
 
@@ -461,7 +461,7 @@ def test_an_outage_during_a_background_trial_end_goes_to_the_buffer_and_is_repla
     monkeypatch.undo()  # the server answers again
     assert callback.buffer.flush(force=True)
     run = mlflow.get_run(run_id)
-    assert run.info.status == "FINISHED" and "model_uri" in run.data.tags
+    assert run.info.status == "FINISHED" and "tune.checkpoint" in run.data.tags
     assert run.data.tags["tune.status"] == "finished"
     assert [a.path for a in mlflow.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import mlflow.pytorch
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -11,9 +14,9 @@ from pipeline.config import ModelConfig
 from pipeline.models import build_model
 from pipeline.sweep.manifest import ERROR, FINISHED, TrialRecord
 from pipeline.sweep.tracking import registry as summary
-from pipeline.sweep.tracking.logged_model import log_trial_model
+from pipeline.sweep.tracking.logged_model import log_checkpoint, using_tracking_uri
 from pipeline.sweep.tracking.tags import MODEL_URI_TAG
-from pipeline.trial.checkpoint import save_model_checkpoint
+from pipeline.trial.checkpoint import model_from_checkpoint, save_model_checkpoint
 
 IMAGE_SHAPE = (3, 8, 8)
 SA = ModelConfig(hidden=8, layers=1, ffn=16, heads=4, downsample=2)
@@ -36,11 +39,11 @@ def _trial(
     status: str = FINISHED,
     tags: dict[str, str] | None = None,
 ) -> TrialRecord:
+    """A trial's run as its end leaves it: its checkpoint uploaded and tagged (Ray's copy at ``folder``), no model."""
     run = client.create_run(experiment_id, run_name=f"{variant} seed {seed}", tags=tags or {})
-    model_uri = log_trial_model(
-        client, client.tracking_uri, run.info.run_id, _checkpoint(folder / variant / str(seed), SA, seed), None
-    )
-    client.set_tag(run.info.run_id, MODEL_URI_TAG, model_uri)
+    checkpoint = _checkpoint(folder / variant / str(seed), SA, seed)
+    log_checkpoint(client, run.info.run_id, checkpoint, None, location=str(checkpoint))
+    client.set_terminated(run.info.run_id)
     return TrialRecord(
         f"t-{variant}-{seed}",
         run.info.run_id,
@@ -83,6 +86,38 @@ def test_the_parent_run_gets_summary_metrics_a_description_and_the_best_models(s
     assert version.run_id == trials[1].run_id
     assert version.source == client.get_run(trials[1].run_id).data.tags[MODEL_URI_TAG]
     assert len(client.search_model_versions("name = 'logged-models.sa_b'")) == 1
+    # A model only for the registered runs, once each (the second call logged none): no trial's end logs one.
+    models = client.search_logged_models([experiment_id])
+    assert sorted(m.source_run_id for m in models) == sorted([trials[1].run_id, trials[3].run_id])
+    assert MODEL_URI_TAG not in client.get_run(trials[0].run_id).data.tags
+
+
+@pytest.mark.parametrize("ray_copy", ["kept", "deleted"])
+def test_a_registered_model_is_logged_from_its_runs_checkpoint(store, tmp_path: Path, ray_copy: str) -> None:
+    """The model registered gives the trial's checkpoint's logits: read from Ray's copy (``tune.checkpoint``) while it
+    exists, else from the run's ``checkpoint/`` artifact."""
+    client, experiment_id = store
+    trial = _trial(client, experiment_id, tmp_path, "sa_e", 1, 0.5, tags={"variant": "sa_e", "seed": "1"})
+    expected_model = model_from_checkpoint(tmp_path / "sa_e" / "1")
+    if ray_copy == "deleted":
+        shutil.rmtree(tmp_path / "sa_e")
+    summary.register_best_models(client.tracking_uri, "logged-models", [trial])
+    images = torch.randn(3, *IMAGE_SHAPE)
+    with using_tracking_uri(client.tracking_uri), torch.no_grad():
+        loaded = mlflow.pytorch.load_model("models:/logged-models.sa_e@best")
+        torch.testing.assert_close(loaded(images), expected_model(images), rtol=0, atol=0)
+    model = client.get_logged_model(client.get_run(trial.run_id).data.tags[MODEL_URI_TAG].removeprefix("models:/"))
+    assert model.name == "sa_e-seed1" and model.source_run_id == trial.run_id
+
+
+def test_a_run_without_a_checkpoint_is_not_registered_and_the_others_are(store, tmp_path: Path) -> None:
+    client, experiment_id = store
+    trial = _trial(client, experiment_id, tmp_path, "sa_f", 0, 0.5)
+    bare = client.create_run(experiment_id).info.run_id  # ended before any checkpoint was uploaded
+    lost = TrialRecord("t-lost", bare, "sa_g seed 0", "sa_g", 0, FINISHED, 2, {"test_acc": 0.9}, None, None)
+    assert summary.register_best_models(client.tracking_uri, "logged-models", [trial, lost]) == {
+        "sa_f": "logged-models.sa_f"
+    }
 
 
 def test_versions_carry_their_sweep_and_identity_and_best_follows_test_acc(store, tmp_path: Path) -> None:
