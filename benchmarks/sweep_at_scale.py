@@ -20,7 +20,9 @@ folder.
 
 ``--checkpoint-interval-s`` sets ``sweep.checkpoint_interval_s`` for both ways: at 0 (every epoch) each trial's
 second checkpoint makes Ray Tune snapshot the whole experiment, which grows Tune's own driver CPU per trial with the
-trial count; at more than a trial's length a trial checkpoints once, after its last epoch.
+trial count; at more than a trial's length a trial checkpoints once, after its last epoch. At the default, ``auto``,
+both ways use the interval the tune stage chooses for the size (``SweepConfig.checkpoint_interval``: 0 below about 170
+trials at 2 at a time, 6 s at 1000).
 """
 
 from __future__ import annotations
@@ -165,10 +167,12 @@ def run_bare(params: Params, data: PreparedData, root: Path) -> Side:
     from pipeline.sweep.identity import trial_codes
     from pipeline.trial.trainable import train_trial
 
+    params_json = params.model_dump(mode="json")  # with the interval the tune stage resolves for these trials
+    params_json["sweep"]["checkpoint_interval_s"] = params.sweep.checkpoint_interval(len(params.sweep.seeds))
     trainable = tune.with_parameters(
         train_trial,
         data=data,
-        params_json=params.model_dump(mode="json"),
+        params_json=params_json,
         code_version=trial_codes(params, [VARIANT]),
     )
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
@@ -331,12 +335,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if VARIANT not in args.base.variants:
             raise ValueError(f"{args.params}: no variant {VARIANT!r} to run at scale")
         scaled = scaled_params(args.base, args.trials, args.epochs, args.concurrency, None, args.checkpoint_interval_s)
-        args.checkpoint_interval_s = scaled.sweep.checkpoint_interval_s  # validated (>= 0), or the file's
+        args.checkpoint_interval_s = scaled.sweep.checkpoint_interval_s  # validated (>= 0 or auto), or the file's
     return args
 
 
-def _interval(seconds: float) -> str:
-    return "epoch" if seconds == 0 else f"{seconds:g} s at most (and after the last epoch)"
+def _interval(args: argparse.Namespace) -> str:
+    """The interval as given, and as the sweep resolves ``auto`` at each size."""
+    given, sizes = args.checkpoint_interval_s, [*sorted(args.sizes), args.trials]
+    if given != "auto":
+        return "epoch" if given == 0 else f"{given:g} s at most (and after the last epoch)"
+    sweep = scaled_params(args.base, 1, args.epochs, args.concurrency, None).sweep
+    chosen = ", ".join(f"{sweep.checkpoint_interval(n):g} s at {n} trials" for n in sizes)
+    return f"sweep.checkpoint_interval_s auto: {chosen} (0: every epoch)"
 
 
 def _store(args: argparse.Namespace) -> str:
@@ -369,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             ray.shutdown()
     print(
         f"{VARIANT} x {args.epochs} epochs per trial, {args.concurrency} at a time, "
-        f"{_store(args)}; a checkpoint every {_interval(args.checkpoint_interval_s)}; ideal = trial s / concurrency"
+        f"{_store(args)}; a checkpoint every {_interval(args)}; ideal = trial s / concurrency"
     )
     print(text_table([row(s, args.concurrency) for s in sides], numeric=NUMERIC))
     for side in (s for s in sides if s.requests):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -405,6 +406,15 @@ class AshaConfig(_Section):
     reduction_factor: Annotated[int, Field(ge=2)] = 2
 
 
+# ``sweep.checkpoint_interval_s: auto`` (``SweepConfig.checkpoint_interval``). Ray Tune's experiment snapshot costs
+# about 0.3 ms of driver CPU per trial in it (benchmarks/README.md: 0.335 CPU s more per trial over 1000 trials of 5
+# checkpoints each, about 2500 snapshots of 500 trials on average); Tune keeps its periodic snapshots under 5 % of the
+# driver's time, and so does the interval for the snapshots checkpoints force.
+SNAPSHOT_S_PER_TRIAL = 0.0003
+SNAPSHOT_SHARE = 0.05
+AUTO_INTERVAL_MAX_S = 600.0  # a crash costs a trial at most 10 minutes of training (a drain notice: seconds)
+
+
 class SweepConfig(_Section):
     """Which variants x seeds run as Ray Tune trials, and how."""
 
@@ -426,7 +436,8 @@ class SweepConfig(_Section):
     # epoch. Past CheckpointConfig(num_to_keep=2), every second checkpoint of a trial makes Ray Tune snapshot the
     # whole experiment, every trial in it, so with hundreds of short trials the driver's CPU per trial grows with their
     # count (benchmarks.sweep_at_scale). A crash then costs a trial up to this much training more; a drain notice none.
-    checkpoint_interval_s: Annotated[float, Field(ge=0)] = 0.0
+    # "auto": the driver chooses it from the sweep's size (``checkpoint_interval``).
+    checkpoint_interval_s: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
     # Tests only: each trial raises once, right after reporting this epoch, on its first attempt (not when resumed
     # from a checkpoint), to exercise retries. Part of the trial config and of its MLflow params, never a hidden switch.
     fail_once_after_epoch: PositiveInt | None = None
@@ -439,6 +450,17 @@ class SweepConfig(_Section):
         if repeated := sorted({v for v in values if values.count(v) > 1}):
             raise ValueError(f"listed more than once: {repeated} (each would run as an identical trial)")
         return values
+
+    def checkpoint_interval(self, trials: int) -> float:
+        """``checkpoint_interval_s`` for a sweep of ``trials`` trials, ``auto`` resolved by Tune's own rule for its
+        snapshots (at most 5 % of the driver's time): a trial checkpointing every T seconds forces a snapshot every 2T,
+        so ``max_concurrent_trials`` of them force C / 2T a second, each costing ``SNAPSHOT_S_PER_TRIAL`` per trial of
+        the sweep; T is the least interval that keeps that share at 5 %, 0 (every epoch) below a second (a sweep of
+        C x trials < 333: the study's, a test's), at most ``AUTO_INTERVAL_MAX_S``."""
+        if self.checkpoint_interval_s != "auto":
+            return self.checkpoint_interval_s
+        least = self.max_concurrent_trials * trials * SNAPSHOT_S_PER_TRIAL / (2 * SNAPSHOT_SHARE)
+        return 0.0 if least < 1 else min(AUTO_INTERVAL_MAX_S, float(math.ceil(least)))
 
     @field_validator("storage_path")
     @classmethod

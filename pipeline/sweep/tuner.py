@@ -96,6 +96,8 @@ def build_tuner(
     reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")
+    # The trial reads a number: ``auto`` chosen from this sweep's size (``SweepConfig.checkpoint_interval``).
+    params_json["sweep"]["checkpoint_interval_s"] = params.sweep.checkpoint_interval(len(trials))
     # The trial with its run's system metrics sampled in the worker (tracking/system_metrics.py) unless the params
     # switch them off; named as before.
     target = (

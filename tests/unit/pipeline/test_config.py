@@ -317,3 +317,15 @@ def test_a_grid_over_train_fields_names_its_variants_after_the_field() -> None:
     assert params.train_for("m_heads4_lr0.01").momentum == 0.5  # a grid's fixed train field
     templated = {**mixed, "name": "gpsa_{heads}_lr{lr}"}  # a train axis is named in a template without its prefix
     assert list(parse_params({"grid": {"m": templated}}).variants)[-2:] == ["gpsa_4_lr0.01", "gpsa_4_lr0.1"]
+
+
+def test_the_auto_checkpoint_interval_grows_with_the_sweep_and_a_given_one_stays() -> None:
+    """``auto`` keeps Tune's forced snapshots under 5 % of the driver: every epoch for a study's or a test's few
+    trials, seconds at a thousand, longer with more at once, capped; a number given is used as it is."""
+    sweep = Params().sweep
+    assert sweep.checkpoint_interval_s == "auto"
+    assert [sweep.checkpoint_interval(n) for n in (1, 7, 100, 300, 1000)] == [0.0, 0.0, 0.0, 2.0, 6.0]
+    wide = sweep.model_copy(update={"max_concurrent_trials": 64})
+    assert wide.checkpoint_interval(1000) == 192.0 and wide.checkpoint_interval(10**6) == 600.0
+    assert sweep.model_copy(update={"checkpoint_interval_s": 0.0}).checkpoint_interval(1000) == 0.0
+    assert sweep.model_copy(update={"checkpoint_interval_s": 60.0}).checkpoint_interval(7) == 60.0
