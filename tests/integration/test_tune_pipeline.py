@@ -114,6 +114,7 @@ def test_run_tree_in_mlflow(swept: dict, project: Project) -> None:
         assert tags["mlflow.user"] and tags["mlflow.source.name"].endswith("stages/tune.py")
         (dataset,) = run.inputs.dataset_inputs  # the prepared data, by its content hash
         assert dataset.dataset.name == DATASET_NAME and dataset.dataset.digest == data_hash[:12]
+        # One seed per variant: each trial is its variant's best, its model logged when registered.
         model = client.get_logged_model(tags[MODEL_URI_TAG].removeprefix("models:/"))
         assert model.source_run_id == run.info.run_id
     # The parent row: per-variant final accuracy (as in metrics.json), a description, the best model registered.
@@ -226,7 +227,7 @@ def test_mlflow_ui_shows_the_sweep(swept: dict, project: Project, tmp_path: Path
     study = client.get_experiment(manifest["experiment_id"]).name
     listed = [dom["experiments"].find(f">{name}</a>") for name in (study, f"{study}.claims")]
     assert -1 not in listed and listed == sorted(listed), listed  # the study first, then its claims
-    assert ">Training runs<" in dom["experiment"]  # GenAI mode's entry to the runs: trials log models
+    assert ">Training runs<" in dom["experiment"]  # GenAI mode's entry: registered trials log models
 
 
 def test_a_run_compares_against_the_committed_baseline_and_a_second_does_nothing(swept: dict, project: Project) -> None:
