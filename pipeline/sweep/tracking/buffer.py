@@ -106,12 +106,15 @@ class TrackingBuffer:
         self.down = False  # a write or read failed for an outage and no probe has answered since
         self._next_probe = 0.0
         self._resolved: dict[str, str] | None = None
+        # Run id -> artifact root of the runs this object made whose checkpoint is not uploaded yet (the upload needs
+        # no read of the run); not pickled into Tune's snapshots.
+        self.artifact_roots: dict[str, str] = {}
         self.appended = 0  # writes this object queued in the file (the load benchmark reports them)
         if background:  # counted and read before the writer thread can change the files
             _ = self.pending, self.resolved
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "_client_factory": None, "_writer": None}
+        return {**self.__dict__, "_client": None, "_client_factory": None, "_writer": None, "artifact_roots": {}}
 
     @property
     def client(self) -> Any:
@@ -319,6 +322,7 @@ class TrackingBuffer:
         if op == "create_run":
             if run_id == entry["run_id"]:  # not created yet (a replay cut short after it keeps the mapping)
                 run = self.client.create_run(entry["experiment_id"], run_name=entry["run_name"], tags=entry["tags"])
+                self.artifact_roots[run.info.run_id] = run.info.artifact_uri
                 self._resolve(run_id, run.info.run_id)
                 trial = run_id.removeprefix(PLACEHOLDER)
                 log.info("MLflow: trial %s -> run %s (%s)", trial, run.info.run_id, entry["run_name"])
@@ -359,7 +363,8 @@ class TrackingBuffer:
             log.warning("MLflow: run %s gets no checkpoint: no checkpoint in %s loads", run_id, entry["trial_dir"])
             return
         with checkpoint.as_local() as copy:
-            log_checkpoint(self.client, run_id, copy, dataset, location=str(checkpoint))
+            root = self.artifact_roots.pop(run_id, None)
+            log_checkpoint(self.client, run_id, copy, dataset, location=str(checkpoint), artifact_root=root)
 
     def _resolve(self, placeholder: str, run_id: str) -> None:
         """Kept on disk beside the buffer: Tune's saved state may name the placeholder (it was saved before the run

@@ -126,6 +126,11 @@ class CountingClient:
 
         return counted
 
+    def count(self, name: str) -> None:
+        """A request made around the client (an upload straight to the run's artifact repository) counted as the
+        client's ``name``."""
+        self.calls[name] += 1
+
 
 def tracking_uri(cfg: TrackingConfig, project_root: Path) -> str:
     """``tracking.uri`` or an sqlite store at an absolute ``<project>/mlflow.db`` (never ``./mlruns``)."""

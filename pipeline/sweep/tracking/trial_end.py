@@ -41,6 +41,7 @@ class TrialEnd:
     tags: dict[str, str]  # how it ended, written with the checkpoint's tags in one request
     tagged: bool = False
     uploaded: bool = False
+    artifact_root: str | None = None  # the run's, when this driver made it (the upload then reads no run)
 
 
 def _not_loading(trial_id: str, checkpoint: Any) -> None:
@@ -73,6 +74,7 @@ class TrialEnds:
         through the buffer, which queues them while the server is down."""
         buffer = self.callback.buffer
         end.run_id = buffer.run_id(end.run_id)  # made by now, unless the server is down (then the replay maps it)
+        end.artifact_root = buffer.artifact_roots.pop(end.run_id, None)
         if end.checkpoint is None:
             end.uploaded = True
         elif not (buffer.down or buffer.pending):
@@ -95,7 +97,8 @@ class TrialEnds:
                 except (FileNotFoundError, CorruptCheckpointError):
                     _not_loading(end.trial_id, end.checkpoint)
                 else:
-                    log_checkpoint(callback.client, end.run_id, Path(local), callback.dataset, end.location, end.tags)
+                    client, dataset, root = callback.client, callback.dataset, end.artifact_root
+                    log_checkpoint(client, end.run_id, Path(local), dataset, end.location, end.tags, root)
                     end.tagged = True
         except Exception as err:
             if callback.buffer_file is not None and is_outage(err):  # as TrackingBuffer.write decides
