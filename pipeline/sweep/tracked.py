@@ -101,6 +101,7 @@ class TrackedOutcome:
     epochs_logged: int = 0
     buffered: int = 0  # MLflow writes still waiting in buffer_file: the server did not answer by the end
     buffer_file: str | None = None
+    write_lags_s: list[float] = field(default_factory=list)  # the writer thread's lag per write (``TrackingBuffer``)
 
     @property
     def trained(self) -> int:
@@ -172,6 +173,7 @@ def run_tracked(stage: TrackedStage, params: Params, data: PreparedData, project
         stage.name, path, restored, parent, decisions, records, dict(callback.calls), callback.epoch_writes.count
     )
     buffer = callback.buffer
+    outcome.write_lags_s = buffer.write_lags_s
     if outcome.interrupted:
         closed = close_interrupted(callback)
         log.warning(

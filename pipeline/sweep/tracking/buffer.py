@@ -56,6 +56,7 @@ class SerialWriter:
         self._pool = ThreadPoolExecutor(1, "mlflow-writer", initializer=self._started)
         self._slots = threading.BoundedSemaphore(max_queued)
         self._futures: list[Future] = []
+        self.lags: list[float] = []  # per write: seconds from its submit to its end on the thread
 
     def _started(self) -> None:
         self._thread = threading.current_thread()
@@ -65,10 +66,15 @@ class SerialWriter:
         return threading.current_thread() is self._thread
 
     def submit(self, work: Callable[[], Any]) -> None:
+        asked = time.monotonic()  # before a full queue blocks the caller: that wait is part of the lag
         self._slots.acquire()
         future = self._pool.submit(work)
-        future.add_done_callback(lambda _: self._slots.release())
+        future.add_done_callback(lambda _: self._ended(asked))
         self._futures.append(future)
+
+    def _ended(self, asked: float) -> None:
+        self.lags.append(time.monotonic() - asked)
+        self._slots.release()
 
     def done(self) -> None:
         """Forget the work finished so far; raises the first error it raised."""
@@ -110,6 +116,9 @@ class TrackingBuffer:
         # no read of the run); not pickled into Tune's snapshots.
         self.artifact_roots: dict[str, str] = {}
         self.appended = 0  # writes this object queued in the file (the load benchmark reports them)
+        # How far the writer thread runs behind the trials' reports: per write made there, seconds from its queueing to
+        # its end (benchmarks.sweep_concurrency reads it; a measurement, logged nowhere)
+        self.write_lags_s: list[float] = self._writer.lags if self._writer is not None else []
         if background:  # counted and read before the writer thread can change the files
             _ = self.pending, self.resolved
 
