@@ -126,3 +126,17 @@ def test_the_sweeps_writes_meet_a_dead_server_in_seconds_whatever_the_environmen
         client.set_tag("0" * 32, "k", "v")
     assert is_outage(down.value) and time.monotonic() - started < 5
     assert mlflow_client(nothing_listening)._tracking_client.store.__class__.__name__ == "RestStore"  # unchanged
+
+
+def test_the_writer_thread_records_each_writes_lag_from_its_queueing() -> None:
+    """Per write on the writer thread, the seconds from its queueing to its end: a write queued behind others waits
+    for them too, so its lag holds theirs (what ``benchmarks.sweep_concurrency`` reports as the writer's lag)."""
+    buffer = TrackingBuffer(None, "sqlite:///unused.db", background=True)
+    for _ in range(3):
+        buffer.serially(lambda: time.sleep(0.05))  # queued at once: the third waits for the first two
+    buffer.stop_writer()
+    lags = buffer.write_lags_s
+    assert len(lags) == 3
+    assert lags[0] >= 0.05 and lags[2] >= 0.15, lags
+    buffer.serially(lambda: None)  # after the thread stopped, writes are made inline: no lag to record
+    assert len(buffer.write_lags_s) == 3
