@@ -137,6 +137,7 @@ def test_the_writer_thread_records_each_writes_lag_from_its_queueing() -> None:
     buffer.stop_writer()
     lags = buffer.write_lags_s
     assert len(lags) == 3
-    assert lags[0] >= 0.05 and lags[2] >= 0.15, lags
+    # the third waits for all of the second (the first may have begun before it was queued) and runs itself
+    assert lags[0] >= 0.05 and lags[2] >= 0.10, lags
     buffer.serially(lambda: None)  # after the thread stopped, writes are made inline: no lag to record
     assert len(buffer.write_lags_s) == 3
