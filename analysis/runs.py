@@ -31,8 +31,15 @@ from pipeline.finetune.manifest import FineTuneManifest
 from pipeline.measure.counting import count_flops, count_parameters
 from pipeline.sweep.manifest import COMPLETED, TuneManifest
 from pipeline.sweep.tracking import Store, TrackingError
-from pipeline.trial.checkpoint import load_checkpoint, load_head_history, load_locality_history, model_from_payload
-from pipeline.trial.report import CHECKPOINT_FILE, LOCALITY_METRICS
+from pipeline.trial.checkpoint import (
+    head_snapshot,
+    load_checkpoint,
+    load_head_history,
+    load_locality_history,
+    model_from_payload,
+)
+from pipeline.trial.locality import attention_layers
+from pipeline.trial.report import CHECKPOINT_FILE, HEAD_HISTORY_FILE, LOCALITY_HISTORY_FILE, LOCALITY_METRICS
 
 log = logging.getLogger(__name__)
 
@@ -196,12 +203,13 @@ def val_selected(history: pd.DataFrame) -> float:
     return float(logged.loc[logged["val_acc"].idxmax(), "test_acc"])
 
 
-def _history(store: Store, run_id: str) -> pd.DataFrame:
-    """Per step (= epoch) values of HISTORY_KEYS; the latest value when a step was logged twice."""
+def history_frame(points: dict[str, list[Any]]) -> pd.DataFrame:
+    """Per step (= epoch) values of HISTORY_KEYS from each key's logged points; the latest value when a step was
+    logged twice."""
     columns = {}
     for key in HISTORY_KEYS:
-        points = sorted(store.metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
-        columns[key] = pd.Series({m.step: m.value for m in points}, dtype=float)
+        ordered = sorted(points.get(key, []), key=lambda m: (m.step, m.timestamp))
+        columns[key] = pd.Series({m.step: m.value for m in ordered}, dtype=float)
     frame = pd.DataFrame(columns).rename_axis("epoch").reset_index() if any(len(c) for c in columns.values()) else None
     if frame is None:
         return pd.DataFrame(columns=["epoch", *HISTORY_KEYS])
@@ -217,51 +225,28 @@ def local_artifacts(artifact_uri: str) -> Path | None:
     return Path(artifact_uri) if parsed.scheme == "" else None
 
 
-def _download_checkpoint(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str = "") -> None:
-    """The run's ``checkpoint/`` artifact and its model: read where it lies when the store's artifacts are on this
-    machine (a copy would read every checkpoint twice: paper-size ones are 92 MiB), else downloaded through MLflow
-    into ``cache_dir/<run id>/``."""
-    in_place = local_artifacts(artifact_uri)
-    if in_place is not None and (in_place / CHECKPOINT_ARTIFACT).is_dir():
-        record.checkpoint_dir = in_place / CHECKPOINT_ARTIFACT
-        if not (record.checkpoint_dir / CHECKPOINT_FILE).is_file():
-            record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
-            record.checkpoint_dir = None
-            return
-    else:
-        if CHECKPOINT_FILE not in store.artifact_names(str(record.run_id), CHECKPOINT_ARTIFACT):
-            record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
-            return
-        destination = cache_dir / str(record.run_id)
-        destination.mkdir(parents=True, exist_ok=True)
-        record.checkpoint_dir = store.download(str(record.run_id), CHECKPOINT_ARTIFACT, destination)
-    checkpoint = load_checkpoint(record.checkpoint_dir)
-    channels, height, width = (int(v) for v in checkpoint["image_shape"])
-    record.image_shape = (channels, height, width)
-    record.model = model_from_payload(checkpoint)
-    record.model_config = dict(checkpoint["model_config"])
-    record.head_history = load_head_history(record.checkpoint_dir)
-    record.locality_history = load_locality_history(record.checkpoint_dir)
-    record.n_params = float(count_parameters(record.model))
-    flops = count_flops(record.model, record.image_shape)
-    record.flops_paper, record.flops_full = float(flops.paper), float(flops.full)
+def _histories_fetched(store: Store, runs: dict[str, Any]) -> dict[str, dict[str, list[Any]]]:
+    """Run id -> key -> the logged points of each HISTORY_KEYS metric the run has: a bulk request per key and batch
+    of runs, sized from each run's last step."""
+    histories: dict[str, dict[str, list[Any]]] = {run_id: {} for run_id in runs}
+    for key in HISTORY_KEYS:
+        # The latest value's step, from the run as searched (MLflow keeps each metric's Metric there, step included)
+        last = {
+            run_id: max((m.step for m in getattr(run.data, "_metric_objs", []) if m.key == key), default=0)
+            for run_id, run in runs.items()
+            if key in run.data.metrics
+        }
+        if last:
+            for run_id, points in store.metric_histories(key, {r: step + 1 for r, step in last.items()}).items():
+                histories[run_id][key] = points
+    return histories
 
 
-def fetch(store: Store, record: LoadedRun, cache_dir: Path) -> LoadedRun:
-    """Fill ``record`` from its MLflow run; what cannot be had becomes its ``reason``."""
-    if not record.run_id:
-        record.status = MISSING if record.status in COMPLETED else record.status
-        record.note("no MLflow run recorded in the manifest")
-        return record
-    try:
-        run = store.run(record.run_id)
-    except TrackingError as err:
-        record.status = MISSING
-        record.note(f"run {record.run_id} not found at {store.uri} ({err.error_code})")
-        return record
+def _fill(record: LoadedRun, run: Any, points: dict[str, list[Any]]) -> None:
+    """``record``'s params, tags, history and final numbers from its MLflow run and logged points."""
     record.params = {key: cast_param(value) for key, value in run.data.params.items()}
     record.tags = dict(run.data.tags)
-    record.history = _history(store, record.run_id)
+    record.history = history_frame(points)
     if run.info.start_time and run.info.end_time:  # an interrupted run (still RUNNING) has no end: not counted
         record.wall_s = (run.info.end_time - run.info.start_time) / 1000
     record.train_s = float(record.history["epoch_time_s"].sum()) if len(record.history) else math.nan
@@ -275,12 +260,91 @@ def fetch(store: Store, record: LoadedRun, cache_dir: Path) -> LoadedRun:
         record.note("no test_acc logged")
     if record.status not in COMPLETED:
         record.note(f"trial {record.status}")
+
+
+def _histories_wanted(model: nn.Module) -> list[str]:
+    """The history files a trial writes beside ``checkpoint.pt`` for ``model``: per-head locality for a model with
+    attention, head geometry for Gaussian heads (``pipeline.trial.checkpoint.write_checkpoint``)."""
+    wanted = [LOCALITY_HISTORY_FILE] if attention_layers(model) else []
+    return wanted + ([HEAD_HISTORY_FILE] if head_snapshot(model, 0) is not None else [])
+
+
+def _download_checkpoint(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str = "") -> None:
+    """The run's ``checkpoint/`` artifact and its model: read where it lies when the store's artifacts are on this
+    machine (a copy would read every checkpoint twice: paper-size ones are 92 MiB), else its files fetched through
+    MLflow into ``cache_dir/<run id>/checkpoint/``, a request each, without listing the folder: ``checkpoint.pt``,
+    then the histories its model has."""
+    in_place = local_artifacts(artifact_uri)
+    if in_place is not None and (in_place / CHECKPOINT_ARTIFACT).is_dir():
+        record.checkpoint_dir = in_place / CHECKPOINT_ARTIFACT
+        if not (record.checkpoint_dir / CHECKPOINT_FILE).is_file():
+            record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
+            record.checkpoint_dir = None
+            return
+    elif in_place is not None:  # a local store without the run's folder: nothing uploaded
+        record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
+        return
+    else:
+        destination = cache_dir / str(record.run_id) / CHECKPOINT_ARTIFACT
+        if not store.download_files(artifact_uri, CHECKPOINT_ARTIFACT, [CHECKPOINT_FILE], destination):
+            record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
+            return
+        record.checkpoint_dir = destination
+    checkpoint = load_checkpoint(record.checkpoint_dir)
+    channels, height, width = (int(v) for v in checkpoint["image_shape"])
+    record.image_shape = (channels, height, width)
+    record.model = model_from_payload(checkpoint)
+    if in_place is None:
+        store.download_files(artifact_uri, CHECKPOINT_ARTIFACT, _histories_wanted(record.model), record.checkpoint_dir)
+    record.model_config = dict(checkpoint["model_config"])
+    record.head_history = load_head_history(record.checkpoint_dir)
+    record.locality_history = load_locality_history(record.checkpoint_dir)
+    record.n_params = float(count_parameters(record.model))
+    flops = count_flops(record.model, record.image_shape)
+    record.flops_paper, record.flops_full = float(flops.paper), float(flops.full)
+
+
+def _checkpoint_into(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str) -> None:
     try:
-        _download_checkpoint(store, record, cache_dir, run.info.artifact_uri)
+        _download_checkpoint(store, record, cache_dir, artifact_uri)
     except (TrackingError, OSError, ValueError, KeyError, RuntimeError) as err:  # unreadable or mismatched
         record.model = None
         record.note(f"checkpoint unusable ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
-    return record
+
+
+def fetch_all(
+    store: Store, records: list[LoadedRun], cache_dir: Path, experiment_ids: tuple[str, ...] = ()
+) -> list[LoadedRun]:
+    """Fill each of ``records`` from its MLflow run; what cannot be had becomes its ``reason``. The runs are searched
+    by id in ``experiment_ids`` (a request per hundred), their histories read in bulk (a request per metric and
+    batch); a run not found there is asked for alone (another experiment, or not in MLflow: ``missing``). Then each
+    run's checkpoint files, a request each."""
+    named = [r for r in records if r.run_id]
+    found = store.runs([str(r.run_id) for r in named], list(experiment_ids))
+    runs: dict[str, Any] = {}
+    for record in records:
+        if not record.run_id:
+            record.status = MISSING if record.status in COMPLETED else record.status
+            record.note("no MLflow run recorded in the manifest")
+            continue
+        try:
+            runs[record.run_id] = found.get(record.run_id) or store.run(record.run_id)
+        except TrackingError as err:
+            record.status = MISSING
+            record.note(f"run {record.run_id} not found at {store.uri} ({err.error_code})")
+    histories = _histories_fetched(store, runs)
+    for record in named:
+        if (run := runs.get(str(record.run_id))) is None:
+            continue
+        log.info("fetching %s seed %d (run %s)", record.variant, record.seed, record.run_id)
+        _fill(record, run, histories[run.info.run_id])
+        _checkpoint_into(store, record, cache_dir, run.info.artifact_uri)
+    return records
+
+
+def fetch(store: Store, record: LoadedRun, cache_dir: Path) -> LoadedRun:
+    """One run's ``fetch_all``."""
+    return fetch_all(store, [record], cache_dir)[0]
 
 
 def load_study(
@@ -293,23 +357,22 @@ def load_study(
     prune manifest's, for its runs), checkpoints downloaded into ``cache_dir``."""
     store = Store(tune.tracking_uri)
     store.check_answers("the tune manifest's tracking_uri")
-    runs = []
-    for trial in tune.trials:
-        record = LoadedRun(trial.run_id, trial.variant, int(trial.seed), trial.status, "tune")
-        log.info("fetching %s seed %d (run %s)", trial.variant, trial.seed, trial.run_id)
-        runs.append(fetch(store, record, cache_dir))
+    runs = [LoadedRun(t.run_id, t.variant, int(t.seed), t.status, "tune") for t in tune.trials]
+    fetch_all(store, runs, cache_dir, (tune.experiment_id,))
     if prune is not None:
         prune_store = store if prune.tracking_uri == tune.tracking_uri else Store(prune.tracking_uri)
         if prune_store is not store:
             prune_store.check_answers("the prune manifest's tracking_uri")
+        pruned = []
         for model in prune.models:
             record = LoadedRun(model.run_id, model.variant + PRUNED_SUFFIX, int(model.seed), model.status, "prune")
             record.source_run_id = model.source_run_id
             record.pruned_heads = {
                 (int(d["layer"]), int(d["head"])) for layer in model.decisions for d in layer if d.get("pruned")
             }
-            log.info("fetching pruned %s seed %d (run %s)", model.variant, model.seed, model.run_id)
-            fetch(prune_store, record, cache_dir)
+            pruned.append(record)
+        fetch_all(prune_store, pruned, cache_dir, (prune.experiment_id,))
+        for model, record in zip(prune.models, pruned, strict=True):
             if record.model is None and record.run_id:  # the manifest measured the pruned model itself
                 record.n_params = float(model.params_after)
                 record.flops_paper = float(model.flops_after.get("paper", math.nan))
@@ -329,8 +392,9 @@ def load_study(
     for model in transform.models if transform is not None else []:
         record = LoadedRun(model.run_id, model.name, int(model.seed), model.status, "transform")
         record.source_run_id = model.source_run_id
-        log.info("fetching %s seed %d (run %s)", model.name, model.seed, model.run_id)
-        transformed.append(fetch(Store(transform.tracking_uri), record, cache_dir))
+        transformed.append(record)
+    if transform is not None:
+        fetch_all(Store(transform.tracking_uri), transformed, cache_dir, (transform.experiment_id,))
     for record in [*runs, *transformed]:
         if record.reason:
             log.warning("%s seed %d: %s", record.variant, record.seed, record.reason)

@@ -4,6 +4,7 @@
 - ``api``           ``Store``: one store's reads and the writes outside a trial's run (the analysis run included)
 - ``store``         the one client factory (``mlflow_client``), the one ``/health`` probe, the store created once,
                     the look-ups (runs by trial identity, a parent's children), an outage told from a refusal
+- ``reads``         many runs read in a few requests: runs by id, a metric's history of many runs, named files
 - ``tags``          what a run holds: the tag names the driver writes and reads back, params flattened
 - ``parent``        the parent run of a sweep or a fine-tune stage, opened once and found again on restore
 - ``callback``      the Tune callback that writes each trial's run; each hook hands the rest to ``epochs``,

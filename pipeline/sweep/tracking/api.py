@@ -21,6 +21,7 @@ from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.buffer import PLACEHOLDER, TrackingBuffer
 from pipeline.sweep.tracking.logged_model import download_checkpoint
 from pipeline.sweep.tracking.parent import parent_finished
+from pipeline.sweep.tracking.reads import download_files, metric_histories, runs_by_id
 from pipeline.sweep.tracking.registry import SweepSummary, publish_summary, register_best_models
 from pipeline.sweep.tracking.store import (
     active_experiment_id,
@@ -74,6 +75,20 @@ class Store:
 
     def metric_history(self, run_id: str, key: str) -> list[Any]:
         return self.client.get_metric_history(run_id, key)
+
+    def runs(self, run_ids: list[str], experiment_ids: list[str]) -> dict[str, Any]:
+        """Run id -> run for the ids found in ``experiment_ids``, about a request per hundred runs (the others: ask
+        ``run`` one by one)."""
+        return runs_by_id(self.client, run_ids, experiment_ids)
+
+    def metric_histories(self, key: str, points: dict[str, int]) -> dict[str, list[Any]]:
+        """Run id -> every point of metric ``key`` of the runs of ``points`` (run id -> the points expected), a
+        request per batch of runs."""
+        return metric_histories(self.client, self.uri, key, points)
+
+    def download_files(self, artifact_uri: str, folder: str, names: list[str], destination: Path) -> list[str]:
+        """Files ``names`` of a run's artifact ``folder`` into ``destination``, a request each; those found."""
+        return download_files(self.uri, artifact_uri, folder, names, destination)
 
     def artifact_names(self, run_id: str, folder: str) -> list[str]:
         """The file names in a run's artifact ``folder``."""
