@@ -226,18 +226,12 @@ def local_artifacts(artifact_uri: str) -> Path | None:
 
 
 def _histories_fetched(store: Store, runs: dict[str, Any]) -> dict[str, dict[str, list[Any]]]:
-    """Run id -> key -> the logged points of each HISTORY_KEYS metric the run has: a bulk request per key and batch
-    of runs, sized from each run's last step."""
+    """Run id -> key -> the logged points of each HISTORY_KEYS metric the run has (its latest value says it has it):
+    a bulk request per key and hundred runs."""
     histories: dict[str, dict[str, list[Any]]] = {run_id: {} for run_id in runs}
     for key in HISTORY_KEYS:
-        # The latest value's step, from the run as searched (MLflow keeps each metric's Metric there, step included)
-        last = {
-            run_id: max((m.step for m in getattr(run.data, "_metric_objs", []) if m.key == key), default=0)
-            for run_id, run in runs.items()
-            if key in run.data.metrics
-        }
-        if last:
-            for run_id, points in store.metric_histories(key, {r: step + 1 for r, step in last.items()}).items():
+        if having := [run_id for run_id, run in runs.items() if key in run.data.metrics]:
+            for run_id, points in store.metric_histories(key, having).items():
                 histories[run_id][key] = points
     return histories
 

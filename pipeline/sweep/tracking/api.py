@@ -81,10 +81,9 @@ class Store:
         ``run`` one by one)."""
         return runs_by_id(self.client, run_ids, experiment_ids)
 
-    def metric_histories(self, key: str, points: dict[str, int]) -> dict[str, list[Any]]:
-        """Run id -> every point of metric ``key`` of the runs of ``points`` (run id -> the points expected), a
-        request per batch of runs."""
-        return metric_histories(self.client, self.uri, key, points)
+    def metric_histories(self, key: str, run_ids: list[str]) -> dict[str, list[Any]]:
+        """Run id -> every point of metric ``key`` of ``run_ids``, a request per hundred runs."""
+        return metric_histories(self.client, self.uri, key, run_ids)
 
     def download_files(self, artifact_uri: str, folder: str, names: list[str], destination: Path) -> list[str]:
         """Files ``names`` of a run's artifact ``folder`` into ``destination``, a request each; those found."""

@@ -22,12 +22,10 @@ from mlflow.utils.rest_utils import augmented_raise_for_status, http_request
 
 SEARCH_IDS = 100  # run ids per search: a filter of 100 ids is about 4 KB, far under what the server parses
 # The server's bulk history (MLflow 3.17.2, ``/ajax-api/2.0/mlflow/metrics/get-history-bulk``, what its UI charts
-# read): at most 100 runs and 25,000 points per request, the rest cut off silently. A batch is sized from each run's
-# last step to stay below; a reply that reaches the cap is read again run by run.
+# read): at most 100 runs and 25,000 points per request, the rest cut off silently (100 runs of 250 epochs fit).
 BULK_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk"
 BULK_RUNS = 100
 BULK_POINTS = 25_000
-BULK_BUDGET = 20_000  # points planned per request: room for steps logged twice (a retried epoch)
 
 
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
@@ -50,34 +48,25 @@ def runs_by_id(client: MlflowClient, run_ids: Iterable[str], experiment_ids: Seq
     return found
 
 
-def _bulk_batches(points: dict[str, int]) -> Iterator[list[str]]:
-    """Runs grouped so that each group's expected points (``points``: per run) stay within ``BULK_BUDGET``."""
-    batch: list[str] = []
-    total = 0
-    for run_id, count in points.items():
-        if batch and (len(batch) == BULK_RUNS or total + count > BULK_BUDGET):
-            yield batch
-            batch, total = [], 0
-        batch.append(run_id)
-        total += count
-    if batch:
-        yield batch
-
-
-def metric_histories(client: MlflowClient, uri: str, key: str, points: dict[str, int]) -> dict[str, list[Metric]]:
-    """Run id -> every logged point of metric ``key``, for the runs of ``points`` (run id -> points expected, e.g.
-    its last step + 1). An http server answers a batch of runs per request; any other store, run by run (it is in
-    this process: no request to save)."""
+def metric_histories(client: MlflowClient, uri: str, key: str, run_ids: Sequence[str]) -> dict[str, list[Metric]]:
+    """Run id -> every logged point of metric ``key``, for ``run_ids``. An http server answers a hundred runs per
+    request (a batch whose points reach the server's cap is split in two and asked again); any other store, run by
+    run (it is in this process: no request to save)."""
     if not uri.startswith(("http://", "https://")):
-        return {run_id: client.get_metric_history(run_id, key) for run_id in points}
-    histories: dict[str, list[Metric]] = {run_id: [] for run_id in points}
-    for batch in _bulk_batches(points):
+        return {run_id: client.get_metric_history(run_id, key) for run_id in run_ids}
+    histories: dict[str, list[Metric]] = {run_id: [] for run_id in run_ids}
+    batches = [list(chunk) for chunk in _chunks(list(run_ids), BULK_RUNS)]
+    while batches:
+        batch = batches.pop()
         params = [("run_id", run_id) for run_id in batch] + [("metric_key", key), ("max_results", BULK_POINTS)]
         response = http_request(get_default_host_creds(uri), BULK_ENDPOINT, "GET", params=params)
         augmented_raise_for_status(response)
         metrics = response.json().get("metrics", [])
-        if len(metrics) >= BULK_POINTS:  # cut off: these runs hold more than their last steps promised
-            histories |= {run_id: client.get_metric_history(run_id, key) for run_id in batch}
+        if len(metrics) >= BULK_POINTS:  # cut off: ask again in halves (one run alone: its own history, paged)
+            if len(batch) == 1:
+                histories[batch[0]] = client.get_metric_history(batch[0], key)
+            else:
+                batches += [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
             continue
         for m in metrics:
             histories[m["run_id"]].append(Metric(m["key"], m["value"], m["timestamp"], m["step"]))
