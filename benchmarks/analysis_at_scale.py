@@ -26,6 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
 import torch
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -53,42 +55,46 @@ WRITERS = 8  # threads writing the runs: the store's write rate, not the analysi
 
 @dataclass
 class Traffic:
-    """Requests by endpoint (ids left out) and the bytes their answers carried."""
+    """HTTP requests by where they went and what they asked (ids left out), and the bytes their answers carried."""
 
     requests: Counter
     bytes: int = 0
 
+    def to(self, where: str) -> int:
+        return sum(n for key, n in self.requests.items() if key.startswith(where))
+
+
+def request_key(url: str, method: str, server: str) -> str:
+    """``server POST runs/search``, ``server GET presigned checkpoint/checkpoint.pt``, ``bucket GET
+    checkpoint/checkpoint.pt``: where a request went (the tracking server, else the bucket), then the REST endpoint or
+    the run's file (ids left out)."""
+    where = "server" if url.startswith(server) else "bucket"
+    path = urllib.parse.urlparse(url).path
+    if "/artifacts/" in path:  # a run's file: through the server, a URL it presigns, or the bucket's object
+        kind = "presigned " if "/presigned/" in path else "artifact " if where == "server" else ""
+        return f"{where} {method} {kind}{path.rsplit('/artifacts/', 1)[-1]}"
+    return f"{where} {method} {path.split('/mlflow/', 1)[-1]}"
+
 
 @contextmanager
-def counting_http() -> Iterator[Traffic]:
-    """Every request MLflow's REST client and artifact repositories make in this process meanwhile, by method and
-    endpoint, and the bytes received (each answer's Content-Length, else its body): MLflow's ``http_request`` wherever
-    a loaded module imported it, as ``benchmarks.sweep_at_scale`` counts the driver's."""
-    import mlflow.store.artifact.http_artifact_repo  # noqa: F401 (loaded now, so its import of http_request is patched)
-    import mlflow.utils.rest_utils as rest
-
-    import pipeline.sweep.tracking.reads  # noqa: F401 (the bulk history's requests)
-
+def counting_http(server: str) -> Iterator[Traffic]:
+    """Every HTTP request made in this process meanwhile (any thread: MLflow's REST client, its artifact repository's
+    downloads through the server, and those straight from the bucket at a URL the server presigned), by
+    ``request_key``, and the bytes of the answers (their Content-Length)."""
     traffic = Traffic(Counter())
-    real = rest.http_request
+    real = requests.Session.send
 
-    def counted(host_creds: object, endpoint: str, method: str, *args: object, **kwargs: object) -> object:
-        # the REST API (the bulk history's ajax route too), else a file (its repository's host: the run's artifacts)
-        path = endpoint.split("/mlflow/", 1)[-1] if "/mlflow/" in endpoint else "artifact " + endpoint.lstrip("/")
-        traffic.requests[f"{method} {path}"] += 1
-        response = real(host_creds, endpoint, method, *args, **kwargs)
-        length = response.headers.get("Content-Length")
-        traffic.bytes += int(length) if length is not None else len(response.content)
+    def counted(session: requests.Session, request: requests.PreparedRequest, **kwargs: object) -> requests.Response:
+        traffic.requests[request_key(str(request.url), str(request.method), server)] += 1
+        response = real(session, request, **kwargs)
+        traffic.bytes += int(response.headers.get("Content-Length") or 0)
         return response
 
-    users = [m for m in list(sys.modules.values()) if getattr(m, "http_request", None) is real]
-    for module in users:
-        module.http_request = counted
+    requests.Session.send = counted
     try:
         yield traffic
     finally:
-        for module in users:
-            module.http_request = real
+        requests.Session.send = real
 
 
 def forged_checkpoint(directory: Path, cfg: ModelConfig, epochs: int) -> list[dict[str, float]]:
@@ -187,7 +193,7 @@ def build_store(uri: str, project: Path, runs: int, epochs: int) -> int:
     return round(sum(sizes[variants[i % len(variants)]] for i in range(runs)) / runs)
 
 
-def analyse(project: Path) -> tuple[Traffic, Traffic, float, float]:
+def analyse(project: Path, server: str) -> tuple[Traffic, Traffic, float, float]:
     """``stages.analyze`` in ``project``: the traffic of ``load_study`` and of the whole stage, and both wall times."""
     import analysis.runs as runs
     from stages.analyze import main
@@ -196,7 +202,7 @@ def analyse(project: Path) -> tuple[Traffic, Traffic, float, float]:
 
     def timed(*args: object, **kwargs: object) -> object:
         started = time.perf_counter()
-        with counting_http() as traffic:
+        with counting_http(server) as traffic:
             study = real(*args, **kwargs)
         inner["traffic"], inner["wall"] = traffic, time.perf_counter() - started
         return study
@@ -206,7 +212,7 @@ def analyse(project: Path) -> tuple[Traffic, Traffic, float, float]:
     os.chdir(project)
     try:
         started = time.perf_counter()
-        with counting_http() as whole:
+        with counting_http(server) as whole:
             if main([]) != 0:
                 raise RuntimeError("python -m stages.analyze failed (its log says why)")
         wall = time.perf_counter() - started
@@ -214,6 +220,16 @@ def analyse(project: Path) -> tuple[Traffic, Traffic, float, float]:
         os.chdir(cwd)
         runs.load_study = real
     return inner["traffic"], whole, inner["wall"], wall
+
+
+def row(part: str, traffic: Traffic, wall: float, runs: int) -> dict[str, str]:
+    return {
+        "part": part,
+        "wall s": f"{wall:.1f}",
+        "server requests/run": f"{traffic.to('server') / runs:.2f}",
+        "bucket requests/run": f"{traffic.to('bucket') / runs:.2f}",
+        "KB/run": f"{traffic.bytes / runs / 1e3:.1f}",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,18 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         checkpoint_bytes = build_store(uri, project, args.runs, epochs)
         progress(f"  written in {time.perf_counter() - started:.0f} s; analysing ...")
-        loading, whole, load_wall, wall = analyse(project)
+        loading, whole, load_wall, wall = analyse(project, uri)
     n = args.runs
-    rows = [
-        {"part": "load_study", "requests": str(sum(loading.requests.values())), "wall s": f"{load_wall:.1f}"}
-        | {"requests/run": f"{sum(loading.requests.values()) / n:.2f}", "KB/run": f"{loading.bytes / n / 1e3:.1f}"},
-        {"part": "whole stage", "requests": str(sum(whole.requests.values())), "wall s": f"{wall:.1f}"}
-        | {"requests/run": f"{sum(whole.requests.values()) / n:.2f}", "KB/run": f"{whole.bytes / n / 1e3:.1f}"},
-    ]
     print(f"{n} runs of {epochs} epochs in {where}; a checkpoint folder holds {checkpoint_bytes / 1e3:.1f} KB")
-    print(text_table(rows, numeric={"requests", "wall s", "requests/run", "KB/run"}))
-    print(f"load_study requests by endpoint: {dict(loading.requests.most_common())}")
-    print(f"analyze over {n} runs: {wall:.1f} s, {sum(loading.requests.values()) / n:.2f} requests per run")
+    rows = [row("load_study", loading, load_wall, n), row("whole stage", whole, wall, n)]
+    print(text_table(rows, numeric=set(rows[0]) - {"part"}))
+    print(f"load_study requests: {dict(sorted(loading.requests.items()))}")
+    others = whole.requests - loading.requests
+    print(f"the rest of the stage (figures, report, the analysis run, run colours): {dict(sorted(others.items()))}")
+    print(f"analyze over {n} runs: {wall:.1f} s, {loading.to('server') / n:.2f} server requests per run")
     return 0
 
 
