@@ -12,6 +12,7 @@ cluster that trained). A run that is missing, failed, or has no usable checkpoin
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import urllib.parse
@@ -28,7 +29,7 @@ from analysis.palette import variant_style
 from analysis.table import RUN_COLUMNS
 from analysis.variants import PRUNED_SUFFIX
 from pipeline.finetune.manifest import FineTuneManifest
-from pipeline.measure.counting import count_flops, count_parameters
+from pipeline.measure.counting import FlopCount, count_flops, count_parameters
 from pipeline.sweep.manifest import COMPLETED, TuneManifest
 from pipeline.sweep.tracking import Store, TrackingError
 from pipeline.trial.checkpoint import (
@@ -263,7 +264,9 @@ def _histories_wanted(model: nn.Module) -> list[str]:
     return wanted + ([HEAD_HISTORY_FILE] if head_snapshot(model, 0) is not None else [])
 
 
-def _download_checkpoint(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str = "") -> None:
+def _download_checkpoint(
+    store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str, flops: dict[str, FlopCount]
+) -> None:
     """The run's ``checkpoint/`` artifact and its model: read where it lies when the store's artifacts are on this
     machine (a copy would read every checkpoint twice: paper-size ones are 92 MiB), else its files fetched through
     MLflow into ``cache_dir/<run id>/checkpoint/``, a request each, without listing the folder: ``checkpoint.pt``,
@@ -294,13 +297,21 @@ def _download_checkpoint(store: Store, record: LoadedRun, cache_dir: Path, artif
     record.head_history = load_head_history(record.checkpoint_dir)
     record.locality_history = load_locality_history(record.checkpoint_dir)
     record.n_params = float(count_parameters(record.model))
-    flops = count_flops(record.model, record.image_shape)
-    record.flops_paper, record.flops_full = float(flops.paper), float(flops.full)
+    # A FLOP count runs the model once (up to a CPU-second): counted once per architecture, the same for every seed,
+    # except where the attention's window follows the trained heads (``attention_window_eps``).
+    key = json.dumps(
+        [record.model_config, checkpoint.get("heads_per_layer"), record.image_shape], sort_keys=True, default=str
+    )
+    if key not in flops or record.model_config.get("attention_window_eps") is not None:
+        flops[key] = count_flops(record.model, record.image_shape)
+    record.flops_paper, record.flops_full = float(flops[key].paper), float(flops[key].full)
 
 
-def _checkpoint_into(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str) -> None:
+def _checkpoint_into(
+    store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str, flops: dict[str, FlopCount]
+) -> None:
     try:
-        _download_checkpoint(store, record, cache_dir, artifact_uri)
+        _download_checkpoint(store, record, cache_dir, artifact_uri, flops)
     except (TrackingError, OSError, ValueError, KeyError, RuntimeError) as err:  # unreadable or mismatched
         record.model = None
         record.note(f"checkpoint unusable ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
@@ -327,12 +338,13 @@ def fetch_all(
             record.status = MISSING
             record.note(f"run {record.run_id} not found at {store.uri} ({err.error_code})")
     histories = _histories_fetched(store, runs)
+    flops: dict[str, FlopCount] = {}  # per architecture
     for record in named:
         if (run := runs.get(str(record.run_id))) is None:
             continue
         log.info("fetching %s seed %d (run %s)", record.variant, record.seed, record.run_id)
         _fill(record, run, histories[run.info.run_id])
-        _checkpoint_into(store, record, cache_dir, run.info.artifact_uri)
+        _checkpoint_into(store, record, cache_dir, run.info.artifact_uri, flops)
     return records
 
 
