@@ -79,7 +79,8 @@ def is_absent(err: Exception) -> bool:
     status = getattr(response, "status_code", None)
     if status is None and isinstance(response, dict):  # botocore's ClientError
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return status == 404 or isinstance(err, FileNotFoundError)
+    missing = isinstance(err, MlflowException) and err.error_code == "RESOURCE_DOES_NOT_EXIST"  # a local folder's
+    return status == 404 or missing or isinstance(err, FileNotFoundError)
 
 
 def download_files(uri: str, artifact_uri: str, folder: str, names: Sequence[str], destination: Path) -> list[str]:
