@@ -1,6 +1,6 @@
 """The analysis over a thousand runs: its wall time, and the MLflow requests and bytes it costs per run.
 
-    python -m benchmarks.analysis_at_scale [--runs 1000] [--epochs 40] [--lab-store DIR]
+    python -m benchmarks.analysis_at_scale [--runs 1000] [--epochs 40] [--lab-store DIR | --tracking-uri URI]
 
 N runs of the default study (``params.yaml``: its variants, model widths and epochs; seeds 0, 1, ... over the variants
 in turn) are written to a store through MLflow's client as the tune stage leaves them: a parent run, each trial a
@@ -242,9 +242,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the running store that 'examples/lab_store.sh start DIR ...' started (PostgreSQL + a bucket)",
     )
+    parser.add_argument(
+        "--tracking-uri", default=None, help="a running mlflow server to write to (a test's), instead of a fresh one"
+    )
     args = parser.parse_args(argv)
     with bad_input_is_a_usage_error(parser):
         epochs = args.epochs or load_params(ROOT / "params.yaml").train.epochs
+        if args.tracking_uri is not None and not args.tracking_uri.startswith(("http://", "https://")):
+            raise ValueError(f"--tracking-uri {args.tracking_uri}: not an mlflow server's http(s) address")
         if args.lab_store is not None and not (args.lab_store / "tracking_uri").is_file():
             raise ValueError(
                 f"--lab-store {args.lab_store}: not a running store (start one with examples/lab_store.sh)"
@@ -257,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         if args.lab_store is not None:
             uri, where = (args.lab_store / "tracking_uri").read_text().strip(), "the lab store (PostgreSQL + bucket)"
+        elif args.tracking_uri is not None:
+            uri, where = args.tracking_uri, f"the mlflow server at {args.tracking_uri}"
         else:
             from pipeline.sweep.tracking.server import MlflowServer
 

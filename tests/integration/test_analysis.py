@@ -9,6 +9,7 @@ come through MLflow.
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import math
@@ -440,27 +441,24 @@ def test_analysis_over_an_mlflow_server(tmp_path: Path, mlflow_server: MlflowSer
     assert downloaded.is_relative_to(tmp_path / "cache") and (downloaded / "head_history.json").is_file()
 
 
-def test_a_study_is_read_in_a_request_per_checkpoint_file(tmp_path: Path, mlflow_server: MlflowServer) -> None:
-    """``analysis.runs`` at the smallest size of ``benchmarks.analysis_at_scale`` (each of the default study's six
-    variants once) through a real server: a run costs exactly the checkpoint files its model has (``checkpoint.pt``;
-    the locality history of an attention model; the head history of Gaussian heads: at most 3, 2.5 for this mix),
-    the whole study one search and one bulk history request per metric the runs logged (per hundred runs)."""
-    from analysis.runs import load_study
-    from benchmarks.analysis_at_scale import build_store, counting_http
-    from pipeline.sweep.manifest import read_tune_manifest
+def test_a_study_is_read_in_a_request_per_checkpoint_file(
+    mlflow_server: MlflowServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``benchmarks.analysis_at_scale`` at its smallest size (each of the default study's six variants once, 2
+    epochs) through a real server: a run costs exactly the checkpoint files its model has (``checkpoint.pt``; the
+    locality history of an attention model; the head history of Gaussian heads: at most 3, 2.5 for this mix), the
+    whole study one search and one bulk history request per metric the runs logged (per hundred runs)."""
+    from benchmarks import analysis_at_scale
 
-    build_store(mlflow_server.uri, tmp_path, runs=6, epochs=2)
-    tune = read_tune_manifest(tmp_path / "results/tune/manifest.json", tmp_path)
-    with counting_http() as traffic:
-        study = load_study(tune, None, tmp_path / "cache")
-    assert [r.reason for r in study.runs] == [None] * 6 and all(r.model is not None for r in study.runs)
-    assert [len(r.history) for r in study.runs] == [2] * 6
-    requests = dict(traffic.requests)
-    assert requests.pop("GET server-info", 1) == 1  # MLflow's client asks once what the server supports
+    assert analysis_at_scale.main(["--runs", "6", "--epochs", "2", "--tracking-uri", mlflow_server.uri]) == 0
+    out = capsys.readouterr().out
+    requests = ast.literal_eval(out.split("load_study requests: ", 1)[1].splitlines()[0])
+    assert requests.pop("server GET server-info", 1) == 1  # MLflow's client asks once what the server supports
     files = {"checkpoint.pt": 6, "locality_history.json": 5, "head_history.json": 4}  # ResNet18: no histories
-    bulk = "GET metrics/get-history-bulk"  # /ajax-api/2.0/mlflow/metrics/get-history-bulk
-    assert requests == {f"GET artifact checkpoint/{name}": n for name, n in files.items()} | {
-        "POST runs/search": 1,
-        bulk: 3,  # test_acc, train_loss, epoch_time_s (no val_acc: no validation set)
+    assert requests == {f"server GET artifact checkpoint/{name}": n for name, n in files.items()} | {
+        "server GET /health": 1,  # the stage's check that the manifest's server answers
+        "server POST runs/search": 1,
+        "server GET metrics/get-history-bulk": 3,  # test_acc, train_loss, epoch_time_s (no validation set: no val_acc)
     }
-    assert sum(files.values()) / len(study.runs) < 3
+    assert sum(files.values()) / 6 < 3
+    assert "analyze over 6 runs: " in out

@@ -33,6 +33,7 @@ BENCHMARKS = (
     "mlflow_ui_load",
     "gpsa_cost",
     "gpu_profile",
+    "analysis_at_scale",
 )
 # The first expensive call of each script: bad input must be refused before it.
 FIRST_WORK = {
@@ -50,6 +51,7 @@ FIRST_WORK = {
     "mlflow_ui_load": "populate",
     "gpsa_cost": "timed_epochs",
     "gpu_profile": "profile_case",
+    "analysis_at_scale": "build_store",
 }
 _no_cuda = pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="needs a machine without CUDA")
 
@@ -306,6 +308,9 @@ def test_every_benchmark_has_help_naming_how_it_is_run(name: str, capsys: pytest
         ("sweep_concurrency", ["--params", "{typo}"], "train.epoch: unknown key"),
         ("sweep_concurrency", ["--lab-store", "{file}"], "not a running store (start one with examples/lab_store.sh)"),
         ("mlflow_ui_load", ["--runs", "0"], "--runs"),
+        ("analysis_at_scale", ["--runs", "0"], "--runs"),
+        ("analysis_at_scale", ["--lab-store", "{file}"], "not a running store (start one with examples/lab_store.sh)"),
+        ("analysis_at_scale", ["--tracking-uri", "sqlite:///x.db"], "not an mlflow server's http(s) address"),
         ("mlflow_ui_load", ["--lab-store", "{file}"], "not a running store (start one with examples/lab_store.sh)"),
         ("finding", ["--params", "missing.yaml"], "missing.yaml: params file not found"),
         ("finding", ["--params", "{typo}"], "train.epoch: unknown key"),
