@@ -2,12 +2,15 @@
 
 The only analysis module that reads MLflow, through the project's one store interface (``pipeline.sweep.tracking``
 ``Store``). It fetches exactly the runs named in the tune manifest (and the prune
-and transform manifests when there are), by id, from the manifest's tracking URI, and downloads each run's
-``checkpoint/`` artifact (checkpoint.pt, head_history.json) through MLflow into a local folder: the manifests' local
-checkpoint paths are never read, so the analysis runs wherever the MLflow server can be reached (a workstation, not the
-cluster that trained). A run that is missing, failed, or has no usable checkpoint becomes a record with a
-``reason``, never an exception. It writes two things back: one ``analysis`` run with the outputs
-(``log_analysis_run``), and each fetched run's colour in the MLflow UI, its variant's in the figures (``colour_runs``).
+and transform manifests when there are), by id, from the manifest's tracking URI, and each run's ``checkpoint/``
+artifact files (checkpoint.pt, and the head and locality histories its model has) through MLflow into a local folder:
+the manifests' local checkpoint paths are never read, so the analysis runs wherever the MLflow server can be reached (a
+workstation, not the cluster that trained). What a study costs the server: a search per hundred runs (params, tags),
+a bulk history request per metric and hundred runs, and per run one request per checkpoint file (3 at most; no folder
+listing); a model's FLOPs are counted once per architecture. A run that is missing, failed, or has no usable
+checkpoint becomes a record with a ``reason``, never an exception. It writes two things back: one ``analysis`` run
+with the outputs (``log_analysis_run``), and each fetched run's colour in the MLflow UI, its variant's in the figures
+(``colour_runs``).
 """
 
 from __future__ import annotations
