@@ -20,6 +20,7 @@ import logging
 import math
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,28 +268,26 @@ def _histories_wanted(model: nn.Module) -> list[str]:
     return wanted + ([HEAD_HISTORY_FILE] if head_snapshot(model, 0) is not None else [])
 
 
-def _download_checkpoint(
-    store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str, flops: dict[str, FlopCount]
-) -> None:
+def _download_checkpoint(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str) -> dict[str, Any]:
     """The run's ``checkpoint/`` artifact and its model: read where it lies when the store's artifacts are on this
     machine (a copy would read every checkpoint twice: paper-size ones are 92 MiB), else its files fetched through
     MLflow into ``cache_dir/<run id>/checkpoint/``, a request each, without listing the folder: ``checkpoint.pt``,
-    then the histories its model has."""
+    then the histories its model has. Returns the checkpoint's contents ({} without one)."""
     in_place = local_artifacts(artifact_uri)
     if in_place is not None and (in_place / CHECKPOINT_ARTIFACT).is_dir():
         record.checkpoint_dir = in_place / CHECKPOINT_ARTIFACT
         if not (record.checkpoint_dir / CHECKPOINT_FILE).is_file():
             record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
             record.checkpoint_dir = None
-            return
+            return {}
     elif in_place is not None:  # a local store without the run's folder: nothing uploaded
         record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
-        return
+        return {}
     else:
         destination = cache_dir / str(record.run_id) / CHECKPOINT_ARTIFACT
         if not store.download_files(artifact_uri, CHECKPOINT_ARTIFACT, [CHECKPOINT_FILE], destination):
             record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
-            return
+            return {}
         record.checkpoint_dir = destination
     checkpoint = load_checkpoint(record.checkpoint_dir)
     channels, height, width = (int(v) for v in checkpoint["image_shape"])
@@ -299,25 +298,43 @@ def _download_checkpoint(
     record.model_config = dict(checkpoint["model_config"])
     record.head_history = load_head_history(record.checkpoint_dir)
     record.locality_history = load_locality_history(record.checkpoint_dir)
-    record.n_params = float(count_parameters(record.model))
-    # A FLOP count runs the model once (up to a CPU-second): counted once per architecture, the same for every seed,
-    # except where the attention's window follows the trained heads (``attention_window_eps``).
-    key = json.dumps(
-        [record.model_config, checkpoint.get("heads_per_layer"), record.image_shape], sort_keys=True, default=str
-    )
-    if key not in flops or record.model_config.get("attention_window_eps") is not None:
-        flops[key] = count_flops(record.model, record.image_shape)
-    record.flops_paper, record.flops_full = float(flops[key].paper), float(flops[key].full)
+    return checkpoint
 
 
-def _checkpoint_into(
-    store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str, flops: dict[str, FlopCount]
-) -> None:
+def _unusable(record: LoadedRun, err: Exception) -> None:
+    record.model = None
+    record.note(f"checkpoint unusable ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+
+
+CHECKPOINT_ERRORS = (TrackingError, OSError, ValueError, KeyError, RuntimeError)  # unreadable or mismatched
+
+
+def _checkpoint_into(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str) -> dict[str, Any]:
     try:
-        _download_checkpoint(store, record, cache_dir, artifact_uri, flops)
-    except (TrackingError, OSError, ValueError, KeyError, RuntimeError) as err:  # unreadable or mismatched
-        record.model = None
-        record.note(f"checkpoint unusable ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+        return _download_checkpoint(store, record, cache_dir, artifact_uri)
+    except CHECKPOINT_ERRORS as err:
+        _unusable(record, err)
+        return {}
+
+
+def _measure(record: LoadedRun, checkpoint: dict[str, Any], flops: dict[str, FlopCount]) -> None:
+    """``record``'s parameter and FLOP counts from its model. A FLOP count runs the model once (up to a CPU-second):
+    counted once per architecture (``flops``), the same for every seed, except where the attention's window follows
+    the trained heads (``attention_window_eps``)."""
+    if record.model is None or record.image_shape is None:
+        return
+    try:
+        record.n_params = float(count_parameters(record.model))
+        architecture = [record.model_config, checkpoint.get("heads_per_layer"), record.image_shape]
+        key = json.dumps(architecture, sort_keys=True, default=str)
+        if key not in flops or record.model_config.get("attention_window_eps") is not None:
+            flops[key] = count_flops(record.model, record.image_shape)
+        record.flops_paper, record.flops_full = float(flops[key].paper), float(flops[key].full)
+    except CHECKPOINT_ERRORS as err:
+        _unusable(record, err)
+
+
+DOWNLOADS = 8  # runs whose checkpoint files are fetched at once: each file waits on the network, not on this CPU
 
 
 def fetch_all(
@@ -326,7 +343,7 @@ def fetch_all(
     """Fill each of ``records`` from its MLflow run; what cannot be had becomes its ``reason``. The runs are searched
     by id in ``experiment_ids`` (a request per hundred), their histories read in bulk (a request per metric and
     batch); a run not found there is asked for alone (another experiment, or not in MLflow: ``missing``). Then each
-    run's checkpoint files, a request each."""
+    run's checkpoint files, a request each, ``DOWNLOADS`` runs at a time."""
     named = [r for r in records if r.run_id]
     found = store.runs([str(r.run_id) for r in named], list(experiment_ids))
     runs: dict[str, Any] = {}
@@ -341,13 +358,17 @@ def fetch_all(
             record.status = MISSING
             record.note(f"run {record.run_id} not found at {store.uri} ({err.error_code})")
     histories = _histories_fetched(store, runs)
-    flops: dict[str, FlopCount] = {}  # per architecture
-    for record in named:
-        if (run := runs.get(str(record.run_id))) is None:
-            continue
-        log.info("fetching %s seed %d (run %s)", record.variant, record.seed, record.run_id)
+    fetched = [(r, runs[str(r.run_id)]) for r in named if str(r.run_id) in runs]
+    for record, run in fetched:
         _fill(record, run, histories[run.info.run_id])
-        _checkpoint_into(store, record, cache_dir, run.info.artifact_uri, flops)
+    log.info("fetching the checkpoints of %d runs", len(fetched))
+    with ThreadPoolExecutor(DOWNLOADS) as pool:  # each record is its own: nothing shared but the store's client
+        checkpoints = list(
+            pool.map(lambda p: _checkpoint_into(store, p[0], cache_dir, p[1].info.artifact_uri), fetched)
+        )
+    flops: dict[str, FlopCount] = {}  # per architecture
+    for (record, _), checkpoint in zip(fetched, checkpoints, strict=True):
+        _measure(record, checkpoint, flops)
     return records
 
 
