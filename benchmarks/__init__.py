@@ -4,6 +4,7 @@ Scripts (``python -m benchmarks.<name> --help``), each answering a standing ques
 ``train_throughput``, ``truncation``, ``gpu_sharing``, ``train_speed``, ``finding``, ``sweep_scale``,
 ``trial_fixed_cost``, ``tracking_load``, ``sweep_at_scale`` (our driver against bare Ray Tune at hundreds of trials),
 ``sweep_concurrency`` (the same at 64 or more trials at once on several Ray nodes, with the MLflow writer's lag),
+``analysis_at_scale`` (the analysis stage over a thousand runs: wall time, requests and bytes per run),
 ``gpsa_cost`` (ConViT's gated heads against the quadratic ones, CPU seconds per epoch, paired), ``mlflow_ui_load``
 (the MLflow UI's load time with a thousand runs, in headless Chromium), ``gpu_evidence`` (all of the GPU ones in
 one command for a lent GPU machine; ``gpu_evidence.sh`` runs it there) and ``gpu_profile`` (where a training step's
