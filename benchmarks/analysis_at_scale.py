@@ -50,7 +50,7 @@ from pipeline.trial.report import METRIC_KEYS, locality_key
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = (3, 8, 8)  # the default data: digits at 8x8, made RGB
 CLASSES = 10
-WRITERS = 8  # threads writing the runs: the store's write rate, not the analysis, sets how long building takes
+WRITERS = 4  # threads writing the runs; at 8 on 2 loaded cores the lab server ran out of database connections
 
 
 @dataclass
