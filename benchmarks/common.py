@@ -13,6 +13,7 @@ import math
 import sys
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -101,6 +102,15 @@ def bad_input_is_a_usage_error(parser: argparse.ArgumentParser) -> Iterator[None
         yield
     except EXPECTED_FAILURES as err:
         parser.error(str(err))
+
+
+def lab_store_uri(parser: argparse.ArgumentParser, directory: Path) -> str:
+    """The tracking URI of the running store ``examples/lab_store.sh start DIR`` started in ``directory`` (it writes
+    ``tracking_uri`` and ``mlflow.pid`` there); a usage error naming ``--lab-store`` when it is not one."""
+    files = [directory / name for name in ("tracking_uri", "mlflow.pid")]
+    if not all(f.is_file() for f in files):
+        parser.error(f"--lab-store {directory}: not a running store (start one with examples/lab_store.sh)")
+    return files[0].read_text().strip()
 
 
 def _number(text: str, kind: type[int] | type[float]) -> int | float:

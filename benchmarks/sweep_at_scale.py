@@ -46,6 +46,7 @@ keep_local_ray_on_loopback()  # before anything imports Ray
 
 from benchmarks.common import (  # noqa: E402
     bad_input_is_a_usage_error,
+    lab_store_uri,
     make_parser,
     positive_int,
     positive_ints,
@@ -324,10 +325,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.lab_store is not None:
-        files = [args.lab_store / name for name in ("tracking_uri", "mlflow.pid")]
-        if not all(f.is_file() for f in files):
-            parser.error(f"--lab-store {args.lab_store}: not a running store (start one with examples/lab_store.sh)")
-        args.lab_store_uri = files[0].read_text().strip()
+        args.lab_store_uri = lab_store_uri(parser, args.lab_store)
     if any(size >= args.trials for size in args.sizes):
         parser.error(f"--sizes must be smaller than --trials {args.trials}, got {args.sizes}")
     with bad_input_is_a_usage_error(parser):

@@ -44,7 +44,7 @@ from pipeline.sweep.session import keep_local_ray_on_loopback
 
 keep_local_ray_on_loopback()  # before anything imports Ray
 
-from benchmarks.common import bad_input_is_a_usage_error, make_parser, positive_int, progress, text_table  # noqa: E402
+from benchmarks.common import bad_input_is_a_usage_error, lab_store_uri, make_parser, positive_int, progress, text_table  # noqa: E402
 from benchmarks.sweep_at_scale import (  # noqa: E402
     VARIANT,
     Side,
@@ -341,10 +341,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.nodes > args.concurrency:
         parser.error(f"--nodes {args.nodes}: more nodes than --concurrency {args.concurrency} CPUs to share")
     if args.lab_store is not None:
-        files = [args.lab_store / name for name in ("tracking_uri", "mlflow.pid")]
-        if not all(f.is_file() for f in files):
-            parser.error(f"--lab-store {args.lab_store}: not a running store (start one with examples/lab_store.sh)")
-        args.lab_store_uri = files[0].read_text().strip()
+        args.lab_store_uri = lab_store_uri(parser, args.lab_store)
     with bad_input_is_a_usage_error(parser):
         args.base = load_params(args.params)
         if VARIANT not in args.base.variants:
