@@ -33,6 +33,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def kill_session(leader: int, descendants: bool = False) -> int:
+    """SIGKILL every process of the session ``leader`` started (``start_new_session``: ``ray start`` and its raylet,
+    workers, GCS), and with ``descendants`` whatever descends from the leader in another session; the count."""
+    import psutil  # Ray's own dependency
+
+    victims = set()
+    if descendants:
+        root = psutil.Process(leader)
+        victims = {root, *root.children(recursive=True)}
+    for candidate in psutil.process_iter():
+        try:
+            if os.getsid(candidate.pid) == leader:
+                victims.add(candidate)
+        except (ProcessLookupError, PermissionError):
+            continue
+    for victim in victims:
+        try:
+            victim.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            continue
+    return len(victims)
+
+
 @dataclass
 class RayNode:
     process: subprocess.Popen
@@ -43,22 +66,7 @@ class RayNode:
     def kill(self) -> int:
         """SIGKILL every process of this node, as a machine that dies: its process group, and whatever else descends
         from it or shares its session (a Ray worker in its own group would otherwise keep training); the count."""
-        import psutil  # Ray's own dependency
-
-        root = psutil.Process(self.process.pid)
-        victims = {root, *root.children(recursive=True)}
-        for candidate in psutil.process_iter():
-            try:
-                if os.getsid(candidate.pid) == self.process.pid:
-                    victims.add(candidate)
-            except (ProcessLookupError, PermissionError):
-                continue
-        for victim in victims:
-            try:
-                victim.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                continue
-        return len(victims)
+        return kill_session(self.process.pid, descendants=True)
 
     def stop(self) -> None:
         """SIGTERM to this node's own process group (the node process stops its Ray processes), then SIGKILL."""

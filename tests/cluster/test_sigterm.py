@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import VENV_BIN, ClusterProject, epochs_logged, tiny_cluster_params
+from tests.cluster.local_cluster import kill_session
 from tests.cluster.test_gpu_nodes import (
     batches_per_epoch,
     children,
@@ -60,22 +61,9 @@ class Node:
 
     def stop(self) -> None:
         """SIGKILL ``ray start`` and every process of its session (its raylet, workers, GCS)."""
-        import psutil  # Ray's own dependency
-
         if self.process is None:
             return
-        victims = set()
-        for candidate in psutil.process_iter():
-            try:
-                if os.getsid(candidate.pid) == self.process.pid:
-                    victims.add(candidate)
-            except (ProcessLookupError, PermissionError):
-                continue
-        for victim in victims:
-            try:
-                victim.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                continue
+        kill_session(self.process.pid)
         self.process.wait(timeout=30)
 
 
