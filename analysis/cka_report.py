@@ -34,7 +34,7 @@ def _baseline_runs(study: LoadedStudy) -> list[LoadedRun]:
     runs = study.by_variant("resnet18")
     if not runs:
         runs = sorted(
-            (r for r in study.runs if r.config.get("arch") == "resnet18" and r.model is not None and r.has_metrics),
+            (r for r in study.runs if r.config.get("arch") == "resnet18" and r.has_model and r.has_metrics),
             key=lambda r: r.seed,
         )
     return runs
@@ -45,8 +45,10 @@ def compared_runs(study: LoadedStudy) -> list[LoadedRun]:
     usable run, in the study's order."""
     seen: dict[str, LoadedRun] = {}
     for run in sorted([*study.runs, *study.transformed], key=lambda r: r.seed):
-        is_attention = run.config.get("arch") in ("sa", "t_resnet18") or hasattr(run.model, "layers")
-        if run.model is not None and is_attention and run.variant not in seen:
+        if run.variant in seen or not run.has_model:
+            continue
+        is_attention = run.config.get("arch") in ("sa", "t_resnet18") or hasattr(run.structure, "layers")
+        if is_attention and run.model is not None:  # loaded here, for the compared runs only
             seen[run.variant] = run
     order = [r.variant for r in [*study.runs, *study.transformed]]
     return sorted(seen.values(), key=lambda r: order.index(r.variant))

@@ -69,12 +69,12 @@ class Evidence:
     _answers: dict[str, np.ndarray | None] = field(default_factory=dict)
 
     def finished(self, variant: str) -> dict[int, LoadedRun]:
-        """Seed -> the variant's run that finished with a final accuracy and a model."""
+        """Seed -> the variant's run that finished with a final accuracy and a model (loaded on first use)."""
         runs = [*self.study.runs, *self.study.transformed]
         return {
             r.seed: r
             for r in runs
-            if r.variant == variant and r.status == FINISHED and math.isfinite(r.test_acc) and r.model is not None
+            if r.variant == variant and r.status == FINISHED and math.isfinite(r.test_acc) and r.has_model
         }
 
     def answers(self, run: LoadedRun) -> np.ndarray | None:

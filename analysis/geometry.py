@@ -103,6 +103,11 @@ def probs_from_geometry(
         return MultiHeadSelfAttention(encoding, in_dim=1).attention_probs(grid)
 
 
+def _float64(values: Tensor | Sequence[Any]) -> np.ndarray:
+    """A model's float32 tensor or a snapshot's lists (float32 values written exactly) as float64: the same numbers."""
+    return values.double().cpu().numpy() if isinstance(values, Tensor) else np.asarray(values, dtype=float)
+
+
 HEADS_COLUMNS = [
     "layer",
     "head",
@@ -129,7 +134,9 @@ HEADS_COLUMNS = [
 
 @torch.no_grad()
 def heads_frame(
-    model: SelfAttentionNet, locality: Sequence[Mapping[str, Sequence[float]]] | None = None
+    model: SelfAttentionNet,
+    locality: Sequence[Mapping[str, Sequence[float]]] | None = None,
+    geometry: Sequence[Mapping[str, Any]] | None = None,
 ) -> pd.DataFrame:
     """One row per (layer, head) of ``model``, both numbered from 1: geometry and locality.
 
@@ -143,7 +150,12 @@ def heads_frame(
     (GPSA, ``model.content``), whose Gaussian is only their positional part, on the truncated ones).
     ``locality``: the trial's last measurement (a locality-history snapshot's ``layers``), measured on each layer's
     real input; without it, the probabilities of position-only attention (the same numbers for this model).
+    ``geometry``: the heads' centres and ``Sigma^-1`` per layer (a head history snapshot's ``layers``, exact) instead of
+    ``model``'s: another run's heads, ``model`` only giving the architecture (layers, heads, encodings, token size).
+    With a snapshot, pass that run's ``locality`` too (``model``'s weights are not that run's).
     """
+    if geometry is not None and locality is None:
+        raise ValueError("heads_frame: a snapshot's geometry needs its run's locality (the model's is another run's)")
     rows: list[dict[str, Any]] = []
     for layer_idx, layer in enumerate(model.layers):
         attention: MultiHeadSelfAttention = layer.attention
@@ -153,10 +165,10 @@ def heads_frame(
         elif num_heads:
             values = head_locality(attention.attention_probs(model.grid).cpu(), model.grid)
             measured = {name: values[name].numpy() for name in LOCALITY_METRICS}
-        geometry = attention.head_geometry()
-        if geometry is not None:
-            centres = geometry["centres"].double().cpu().numpy()  # (H, 2)
-            precision = geometry["sigma_inv"].double().cpu().numpy()  # (H, 2, 2)
+        heads = attention.head_geometry() if geometry is None else geometry[layer_idx] if num_heads else None
+        if heads is not None:
+            centres = _float64(heads["centres"]).reshape(-1, 2)  # (H, 2)
+            precision = _float64(heads["sigma_inv"]).reshape(-1, 2, 2)  # (H, 2, 2)
             eigvals = np.linalg.eigvalsh(0.5 * (precision + precision.transpose(0, 2, 1)))  # (H, 2), ascending
             to_integer = distance_to_integer_shift(centres)
             local = gaussian_locality(centres, precision)
@@ -170,7 +182,7 @@ def heads_frame(
         if num_heads:  # a head that also reads the content is more than its Gaussian: judged as measured
             likeness = (
                 conv_like(local["distance"], local["peak"])
-                if geometry is not None and not attention.reads_content
+                if heads is not None and not attention.reads_content
                 else conv_like(measured["mean_distance"], measured["peak_probability"])
             )
         for head in range(num_heads):

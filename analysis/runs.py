@@ -1,16 +1,18 @@
 """The runs a study's manifests name, fetched from MLflow: params, metrics, per-epoch curves and checkpoints.
 
 The only analysis module that reads MLflow, through the project's one store interface (``pipeline.sweep.tracking``
-``Store``). It fetches exactly the runs named in the tune manifest (and the prune
-and transform manifests when there are), by id, from the manifest's tracking URI, and each run's ``checkpoint/``
-artifact files (checkpoint.pt, and the head and locality histories its model has) through MLflow into a local folder:
+``Store``). It fetches exactly the runs named in the tune manifest (and the prune and transform manifests when there
+are), by id, from the manifest's tracking URI, and the runs' ``checkpoint/`` artifact files (checkpoint.pt, and the
+head and locality histories its model has) through MLflow into a local folder:
 the manifests' local checkpoint paths are never read, so the analysis runs wherever the MLflow server can be reached (a
 workstation, not the cluster that trained). What a study costs the server: a search per hundred runs (params, tags),
-a bulk history request per metric and hundred runs, and per run one request per checkpoint file (3 at most; no folder
-listing); a model's FLOPs are counted once per architecture. A run that is missing, failed, or has no usable
-checkpoint becomes a record with a ``reason``, never an exception. It writes two things back: one ``analysis`` run
-with the outputs (``log_analysis_run``), and each fetched run's colour in the MLflow UI, its variant's in the figures
-(``colour_runs``).
+a bulk history request per metric and hundred runs, per architecture one run's ``checkpoint.pt`` (its model gives
+every seed's parameter and FLOP counts and structure), and per run its history files, a request each (2 at most; no
+folder listing). Any other run's model loads on first use (``LoadedRun.model``): a figure's or a claim's, so a study of
+a thousand seeds reads a handful of checkpoints (92 MiB each at the paper's size), not a thousand. A run that is
+missing, failed, or has no usable checkpoint becomes a record with a ``reason``, never an exception. It writes two
+things back: one ``analysis`` run with the outputs (``log_analysis_run``), and each fetched run's colour in the MLflow
+UI, its variant's in the figures (``colour_runs``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import math
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +76,13 @@ class LoadedRun:
     val_selected_test_acc: float = math.nan  # test_acc at the epoch of highest val_acc (runs with a validation set)
     epochs: float = math.nan  # last step logged (fine-tuning epochs for a pruned model)
     checkpoint_dir: Path | None = None  # the artifact folder (read in place when local, else downloaded): read only
-    model: nn.Module | None = None
+    # The trained model, loaded on first use (``load_model``, then None): a run whose checkpoint was not needed yet
+    # has only its histories here. Not compared or shown: comparing or printing a run must not download anything.
+    model: nn.Module | None = field(default=None, repr=False, compare=False)
+    load_model: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # The run of the same architecture whose checkpoint was loaded for both: its parameter and FLOP counts and its
+    # model's structure (layers, heads, encodings) are this run's; None when this run's own checkpoint was loaded.
+    same_as: LoadedRun | None = field(default=None, repr=False, compare=False)
     image_shape: tuple[int, int, int] | None = None
     head_history: list[dict[str, Any]] = field(default_factory=list)
     locality_history: list[dict[str, Any]] = field(default_factory=list)  # per head, per epoch (0 = before training)
@@ -93,6 +102,23 @@ class LoadedRun:
         return math.isfinite(self.test_acc)
 
     @property
+    def model_loaded(self) -> bool:
+        return self.__dict__.get("_model") is not None
+
+    @property
+    def has_model(self) -> bool:
+        """A model loaded, or a checkpoint to load it from on first use of ``model``; loads nothing."""
+        return self.model_loaded or self.load_model is not None
+
+    @property
+    def structure(self) -> nn.Module | None:
+        """A loaded model of this run's architecture, to ask what it is made of (layers, heads, grid), never for its
+        weights: this run's when loaded, else the one ``same_as`` loaded; loads this run's only when neither is."""
+        if not self.model_loaded and self.same_as is not None:
+            return self.same_as.model
+        return self.model
+
+    @property
     def config(self) -> dict[str, Any]:
         """The run's model fields, e.g. ``{"arch": "sa", "encoding": ..., "heads": 9, ...}``: its checkpoint's config,
         and what the run logged (``model.*`` params; all a failed run without a checkpoint has)."""
@@ -101,6 +127,22 @@ class LoadedRun:
 
     def note(self, text: str) -> None:
         self.reason = text if self.reason is None else f"{self.reason}; {text}"
+
+
+def _model_on_first_use(run: LoadedRun) -> nn.Module | None:
+    if run.load_model is not None:
+        load, run.load_model = run.load_model, None
+        load()
+    return run.__dict__.get("_model")
+
+
+def _set_model(run: LoadedRun, model: nn.Module | None) -> None:
+    run.__dict__["_model"] = model
+
+
+# ``model`` as a property over the dataclass field (its default and ``__init__`` argument stay): a thousand-run study
+# loads the checkpoints its figures and claims use, not every run's (92 MiB each at the paper's size).
+LoadedRun.model = property(_model_on_first_use, _set_model, doc="The trained model, loaded on first use.")  # type: ignore[assignment]
 
 
 @dataclass
@@ -176,10 +218,11 @@ class LoadedStudy:
         return configs
 
     def by_variant(self, variant: str, usable: bool = True) -> list[LoadedRun]:
-        """Runs of ``variant``, lowest seed first; ``usable``: only completed ones with a loaded model."""
+        """Runs of ``variant``, lowest seed first; ``usable``: only completed ones with a model (``has_model``: loaded,
+        or loaded on first use)."""
         runs = [r for r in self.runs if r.variant == variant]
         if usable:
-            runs = [r for r in runs if r.status in COMPLETED and r.model is not None]
+            runs = [r for r in runs if r.status in COMPLETED and r.has_model]
         return sorted(runs, key=lambda r: r.seed)
 
     def run(self, run_id: str) -> LoadedRun | None:
@@ -268,36 +311,53 @@ def _histories_wanted(model: nn.Module) -> list[str]:
     return wanted + ([HEAD_HISTORY_FILE] if head_snapshot(model, 0) is not None else [])
 
 
-def _download_checkpoint(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str) -> dict[str, Any]:
-    """The run's ``checkpoint/`` artifact and its model: read where it lies when the store's artifacts are on this
-    machine (a copy would read every checkpoint twice: paper-size ones are 92 MiB), else its files fetched through
-    MLflow into ``cache_dir/<run id>/checkpoint/``, a request each, without listing the folder: ``checkpoint.pt``,
-    then the histories its model has. Returns the checkpoint's contents ({} without one)."""
+def _checkpoint_folder(record: LoadedRun, cache_dir: Path, artifact_uri: str) -> tuple[Path, bool]:
+    """Where the run's ``checkpoint/`` files are read, and whether in place: where they lie when the store's artifacts
+    are on this machine (a copy would read every checkpoint twice: paper-size ones are 92 MiB), else the folder
+    ``cache_dir/<run id>/checkpoint/`` they are fetched into."""
     in_place = local_artifacts(artifact_uri)
-    if in_place is not None and (in_place / CHECKPOINT_ARTIFACT).is_dir():
-        record.checkpoint_dir = in_place / CHECKPOINT_ARTIFACT
-        if not (record.checkpoint_dir / CHECKPOINT_FILE).is_file():
-            record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
-            record.checkpoint_dir = None
-            return {}
-    elif in_place is not None:  # a local store without the run's folder: nothing uploaded
+    if in_place is not None:
+        return in_place / CHECKPOINT_ARTIFACT, True
+    return cache_dir / str(record.run_id) / CHECKPOINT_ARTIFACT, False
+
+
+def _load_model(store: Store, record: LoadedRun, artifact_uri: str, folder: Path, in_place: bool) -> dict[str, Any]:
+    """``checkpoint.pt`` (fetched, one request, unless in place) and the model built from it; returns the checkpoint's
+    contents, {} with a reason when the run has none."""
+    if (
+        not (folder / CHECKPOINT_FILE).is_file()
+        if in_place
+        else not store.download_files(artifact_uri, CHECKPOINT_ARTIFACT, [CHECKPOINT_FILE], folder)
+    ):
         record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
         return {}
-    else:
-        destination = cache_dir / str(record.run_id) / CHECKPOINT_ARTIFACT
-        if not store.download_files(artifact_uri, CHECKPOINT_ARTIFACT, [CHECKPOINT_FILE], destination):
-            record.note(f"no {CHECKPOINT_ARTIFACT}/{CHECKPOINT_FILE} artifact in MLflow")
-            return {}
-        record.checkpoint_dir = destination
-    checkpoint = load_checkpoint(record.checkpoint_dir)
+    checkpoint = load_checkpoint(folder)
     channels, height, width = (int(v) for v in checkpoint["image_shape"])
     record.image_shape = (channels, height, width)
     record.model = model_from_payload(checkpoint)
-    if in_place is None:
-        store.download_files(artifact_uri, CHECKPOINT_ARTIFACT, _histories_wanted(record.model), record.checkpoint_dir)
     record.model_config = dict(checkpoint["model_config"])
-    record.head_history = load_head_history(record.checkpoint_dir)
-    record.locality_history = load_locality_history(record.checkpoint_dir)
+    return checkpoint
+
+
+def _read_histories(
+    store: Store, record: LoadedRun, artifact_uri: str, folder: Path, in_place: bool, wanted: list[str]
+) -> None:
+    """The history files ``wanted`` (``_histories_wanted``), fetched (a request each, no folder listing) unless in
+    place."""
+    if not in_place:
+        store.download_files(artifact_uri, CHECKPOINT_ARTIFACT, wanted, folder)
+    record.checkpoint_dir = folder
+    record.head_history = load_head_history(folder)
+    record.locality_history = load_locality_history(folder)
+
+
+def _download_checkpoint(store: Store, record: LoadedRun, cache_dir: Path, artifact_uri: str) -> dict[str, Any]:
+    """The run's model from its ``checkpoint/`` artifact (``_checkpoint_folder``), then the histories its model has.
+    Returns the checkpoint's contents ({} without one)."""
+    folder, in_place = _checkpoint_folder(record, cache_dir, artifact_uri)
+    checkpoint = _load_model(store, record, artifact_uri, folder, in_place)
+    if checkpoint:
+        _read_histories(store, record, artifact_uri, folder, in_place, _histories_wanted(record.model))
     return checkpoint
 
 
@@ -315,6 +375,40 @@ def _checkpoint_into(store: Store, record: LoadedRun, cache_dir: Path, artifact_
     except CHECKPOINT_ERRORS as err:
         _unusable(record, err)
         return {}
+
+
+def _same_architecture(
+    store: Store, record: LoadedRun, loaded: LoadedRun, wanted: list[str], cache_dir: Path, artifact_uri: str
+) -> None:
+    """``record`` read beside ``loaded``, a run of its architecture whose checkpoint was loaded: only its history files
+    (``wanted``: what every per-run table needs) now, its model on first use of ``record.model``; its parameter and
+    FLOP counts, image shape and model config are ``loaded``'s."""
+    folder, in_place = _checkpoint_folder(record, cache_dir, artifact_uri)
+
+    def load() -> None:
+        try:
+            _load_model(store, record, artifact_uri, folder, in_place)
+        except CHECKPOINT_ERRORS as err:
+            _unusable(record, err)
+
+    try:
+        _read_histories(store, record, artifact_uri, folder, in_place, wanted)
+    except CHECKPOINT_ERRORS as err:
+        _unusable(record, err)
+        return
+    record.same_as, record.load_model = loaded, load
+    record.image_shape, record.model_config = loaded.image_shape, dict(loaded.model_config)
+    record.n_params, record.flops_paper, record.flops_full = loaded.n_params, loaded.flops_paper, loaded.flops_full
+
+
+def architecture(record: LoadedRun) -> str | None:
+    """What makes two trained runs' models the same shape and cost: their logged ``model.*`` params. None for a run
+    whose own checkpoint is read: a pruned or rebuilt model (its heads per layer are its own), one whose attention
+    window follows its trained heads (its FLOPs are its own), one that logged no model params."""
+    logged = {key: value for key, value in record.params.items() if key.startswith("model.")}
+    if record.source != "tune" or not logged or logged.get("model.attention_window_eps") is not None:
+        return None
+    return json.dumps(logged, sort_keys=True, default=str)
 
 
 def _measure(record: LoadedRun, checkpoint: dict[str, Any], flops: dict[str, FlopCount]) -> None:
@@ -342,8 +436,11 @@ def fetch_all(
 ) -> list[LoadedRun]:
     """Fill each of ``records`` from its MLflow run; what cannot be had becomes its ``reason``. The runs are searched
     by id in ``experiment_ids`` (a request per hundred), their histories read in bulk (a request per metric and
-    batch); a run not found there is asked for alone (another experiment, or not in MLflow: ``missing``). Then each
-    run's checkpoint files, a request each, ``DOWNLOADS`` runs at a time."""
+    batch); a run not found there is asked for alone (another experiment, or not in MLflow: ``missing``). Then, per
+    architecture (``architecture``), the lowest-seed run's checkpoint (the next one's when it does not load) with its
+    model, parameters and FLOPs, and every other run's history files (a request each), ``DOWNLOADS`` runs at a time:
+    their models load on first use (a figure's or a claim's run), so a study of a thousand seeds reads a handful of
+    checkpoints, not a thousand."""
     named = [r for r in records if r.run_id]
     found = store.runs([str(r.run_id) for r in named], list(experiment_ids))
     runs: dict[str, Any] = {}
@@ -358,17 +455,34 @@ def fetch_all(
             record.status = MISSING
             record.note(f"run {record.run_id} not found at {store.uri} ({err.error_code})")
     histories = _histories_fetched(store, runs)
-    fetched = [(r, runs[str(r.run_id)]) for r in named if str(r.run_id) in runs]
-    for record, run in fetched:
-        _fill(record, run, histories[run.info.run_id])
-    log.info("fetching the checkpoints of %d runs", len(fetched))
+    fetched = [(r, runs[str(r.run_id)].info.artifact_uri) for r in named if str(r.run_id) in runs]
+    for record, _ in fetched:
+        _fill(record, runs[str(record.run_id)], histories[str(record.run_id)])
+    groups: dict[str, list[tuple[LoadedRun, str]]] = {}
+    for pair in sorted(fetched, key=lambda pair: pair[0].seed):
+        key = architecture(pair[0])
+        groups.setdefault(key if key is not None else f"run {pair[0].run_id}", []).append(pair)
+
+    def first_loading(group: list[tuple[LoadedRun, str]]) -> tuple[LoadedRun | None, dict[str, Any], int]:
+        for at, (record, artifact_uri) in enumerate(group):
+            checkpoint = _checkpoint_into(store, record, cache_dir, artifact_uri)
+            if record.model is not None:
+                return record, checkpoint, at
+        return None, {}, len(group)
+
+    log.info("reading %d runs: one checkpoint per architecture (%d), the others' histories", len(fetched), len(groups))
     with ThreadPoolExecutor(DOWNLOADS) as pool:  # each record is its own: nothing shared but the store's client
-        checkpoints = list(
-            pool.map(lambda p: _checkpoint_into(store, p[0], cache_dir, p[1].info.artifact_uri), fetched)
-        )
-    flops: dict[str, FlopCount] = {}  # per architecture
-    for (record, _), checkpoint in zip(fetched, checkpoints, strict=True):
-        _measure(record, checkpoint, flops)
+        loaded = list(pool.map(first_loading, groups.values()))
+        flops: dict[str, FlopCount] = {}  # per architecture
+        for record, checkpoint, _ in loaded:
+            if record is not None:
+                _measure(record, checkpoint, flops)
+        rest = []
+        for group, (first, _, at) in zip(groups.values(), loaded, strict=True):
+            if first is not None:
+                wanted = _histories_wanted(first.model)  # the same files for the whole architecture
+                rest += [(record, first, wanted, artifact_uri) for record, artifact_uri in group[at + 1 :]]
+        list(pool.map(lambda r: _same_architecture(store, r[0], r[1], r[2], cache_dir, r[3]), rest))
     return records
 
 

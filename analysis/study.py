@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,7 @@ PAPER_FIGURE_NUMBERS = {
 PLOT_KEYS = ["variant", "model", "colour", "seed", "epoch"]  # the first columns of every plot-data CSV
 BASELINE = "resnet18"  # the accuracy gap's reference; else the first variant with arch resnet18
 FIG2_VARIANT = "sa_quadratic_9"  # the model of the paper's Fig. 2
+REPORTED_SEEDS = 5  # per variant, the seeds whose head measures the report's finding table lists (the CSV: all)
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ def setting_of(data: Mapping[str, Any], study: LoadedStudy) -> dict[str, Any]:
     side = data.get("image_size", "?")
     size = f"{shapes[0][1]}x{shapes[0][2]}" if shapes else f"{side}x{side}"
     seeds = sorted({r.seed for r in study.runs if r.source == "tune"})
-    grids = [(r.model.grid, r.model.downsample) for r in study.runs if isinstance(r.model, SelfAttentionNet)]
+    models = [r.structure for r in study.runs if r.has_model]
+    grids = [(m.grid, m.downsample) for m in models if isinstance(m, SelfAttentionNet)]
     setting = {
         "dataset": data.get("dataset", "?"),
         "image size": size,
@@ -161,14 +164,12 @@ def setting_of(data: Mapping[str, Any], study: LoadedStudy) -> dict[str, Any]:
 
 
 def heads_table(study: LoadedStudy) -> pd.DataFrame:
-    """``geometry.heads_frame`` of every self-attention model downloaded, with variant, seed, run_id; the locality
+    """``geometry.heads_frame`` of every self-attention run with a model, with variant, seed, run_id; the locality
     columns are the trial's last measurement when the run kept its history."""
     frames = [
-        heads_frame(r.model, r.locality_history[-1]["layers"] if r.locality_history else None).assign(
-            variant=r.variant, seed=r.seed, run_id=r.run_id
-        )
+        heads_table_of(r).assign(variant=r.variant, seed=r.seed, run_id=r.run_id)
         for r in study.runs
-        if isinstance(r.model, SelfAttentionNet)
+        if r.has_model and isinstance(r.structure, SelfAttentionNet)
     ]
     columns = ["variant", "seed", "run_id", *HEADS_COLUMNS]
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
@@ -176,14 +177,21 @@ def heads_table(study: LoadedStudy) -> pd.DataFrame:
 
 def head_motions(study: LoadedStudy) -> dict[str, pd.DataFrame]:
     """Per trained run (by run id) with a head history from its initialisation: ``head_motion.motion_frame`` (layers
-    from 0), measured on the run's own token grid. Pruned models are left out: their fine-tuning starts from a trained
-    model, not from an initialisation."""
+    from 0). Every epoch for each variant's lowest-seed usable run (the one its figures draw), the initialisation and
+    the last epoch for the others: all that ``finding_summary`` reads, so a study of a thousand seeds measures two
+    snapshots per run, not every epoch's. Pruned models are left out: their fine-tuning starts from a trained model,
+    not from an initialisation."""
+    variants = dict.fromkeys(r.variant for r in study.runs)
+    drawn = {usable[0].run_id for variant in variants if (usable := study.by_variant(variant))}
     motions = {}
     for run in study.runs:
-        if run.source != "tune" or not run.head_history or not isinstance(run.model, SelfAttentionNet):
+        if run.source != "tune" or not run.head_history or not run.has_model:
             continue
+        history = run.head_history
+        if run.run_id not in drawn and len(history) > 2:
+            history = [history[0], history[-1]]
         try:
-            motions[run.run_id] = motion_frame(run.head_history)
+            motions[run.run_id] = motion_frame(history)
         except ValueError as err:  # a history that does not start at the initialisation, or mismatched heads
             log.warning("head motion of %s seed %d (run %s) not measured: %s", run.variant, run.seed, run.run_id, err)
     return motions
@@ -268,12 +276,13 @@ def _finding_section(
         "The paper's claim (Section 4.2): trained from a random initialisation, the quadratic heads of the first "
         "layers move to distinct shifts around the query pixel and sharpen there, like the taps of a convolution "
         "kernel. Measured here from each run's own head history (every head's centre and Sigma^-1 per epoch, "
-        "epoch 0 = initialisation; `tables/head_motion.csv` has every epoch) by `analysis/head_motion.py`, in tokens "
-        "(one token = one attention-grid position), init -> last epoch. Every locality number is the head's own "
-        "Gaussian for a query with all its keys (an unbounded grid, `analysis/gaussian_locality.py`), so it means "
-        "the same on any grid; the trial's own measure, truncated at the grid's borders, is the locality figure's. "
-        "Degenerate heads (largest eigenvalue of Sigma^-1 below the paper's 1e-5: they attend uniformly and their "
-        "centre means nothing) are named under the table and left out of every mean and count. A thin stripe (the "
+        "epoch 0 = initialisation; `tables/head_motion.csv` has every epoch of each variant's lowest seed) by "
+        "`analysis/head_motion.py`, in tokens (one token = one attention-grid position), init -> last epoch. "
+        "Every locality number is the head's own Gaussian for a query with all its keys (an unbounded grid, "
+        "`analysis/gaussian_locality.py`), so it means the same on any grid; the trial's own measure, truncated at "
+        "the grid's borders, is the locality figure's. Degenerate heads (largest eigenvalue of Sigma^-1 below the "
+        "paper's 1e-5: they attend uniformly and their centre means nothing) are named under the table and left "
+        "out of every mean and count. A thin stripe (the "
         "generalized encoding's heads with condition numbers above 1e3) is summed over a window of 64 tokens along "
         "its line and reads a distance of 10 or more: it does look far, and one such head moves its layer's mean:\n\n"
         "- **displacement**: mean distance of the layer's head centres from where they were initialised;\n"
@@ -289,12 +298,9 @@ def _finding_section(
         "neighbourhood, and how many different shifts they occupy."
     )
     rows = []
-    order = {name: i for i, name in enumerate(fx.variants)}  # the study's order: the paper's models first
-    for run in sorted(fx.study.runs, key=lambda r: (order.get(r.variant, len(order)), r.seed)):
-        summary = summaries.get(run.run_id)
-        if summary is None or summary.empty:
-            continue
-        for i, row in enumerate(summary.itertuples()):
+    runs = reported_runs(fx, summaries)
+    for run in runs:
+        for i, row in enumerate(summaries[str(run.run_id)].itertuples()):
             rows.append(
                 {
                     "model": fx.label(run.variant) if i == 0 else "",
@@ -316,19 +322,41 @@ def _finding_section(
         if rows
         else "No run of a Gaussian encoding (quadratic, generalized quadratic) kept a head history."
     )
-    gap_text = _uniform_sentence(fx) + _gap_sentence(fx, baseline, gaps)
+    more = len({r.run_id for r in fx.study.runs if len(summaries.get(str(r.run_id), ()))}) - len(runs)
+    if more:
+        table += (
+            f"\n\nAnd {more} runs of later seeds, in `tables/head_motion.csv` (their initialisation and last epoch); "
+            "the claims table gives their verdicts across seeds."
+        )
+    gap_text = _uniform_sentence(fx, runs) + _gap_sentence(fx, baseline, gaps)
     return Section(
         "The paper's finding, measured: heads move to distinct shifts near the query",
         f"{intro}\n\n{table}\n\n{gap_text}",
     )
 
 
-def _uniform_sentence(fx: _Figures) -> str:
-    """Per Gaussian-encoding run, the heads that became uniform, per layer with the epoch each did (or that none
-    did), so a reader knows which centres the means leave out. Ends with a blank line when not empty."""
+def reported_runs(fx: _Figures, summaries: Mapping[str, pd.DataFrame]) -> list[LoadedRun]:
+    """The runs the report's finding table lists, in the study's order (the paper's models first), each variant's
+    ``REPORTED_SEEDS`` lowest seeds with a summary: a study of a thousand seeds gets a table a reader can read."""
+    order = {name: i for i, name in enumerate(fx.variants)}
+    runs = sorted(fx.study.runs, key=lambda r: (order.get(r.variant, len(order)), r.seed))
+    listed: Counter[str] = Counter()
+    reported = []
+    for run in runs:
+        if len(summaries.get(str(run.run_id), ())) and listed[run.variant] < REPORTED_SEEDS:
+            listed[run.variant] += 1
+            reported.append(run)
+    return reported
+
+
+def _uniform_sentence(fx: _Figures, runs: list[LoadedRun]) -> str:
+    """Per Gaussian-encoding run of ``runs`` (the finding table's), the heads that became uniform, per layer with the
+    epoch each did (or that none did), so a reader knows which centres the means leave out. Ends with a blank line
+    when not empty."""
     parts = []
+    listed = {run.run_id for run in runs}
     for run in fx.study.runs:
-        if run.source != "tune" or not run.head_history:
+        if run.source != "tune" or not run.head_history or run.run_id not in listed:
             continue
         layers = [(i + 1, heads) for i, heads in enumerate(uniform_heads(run.head_history)) if heads]
         if not layers:
@@ -440,10 +468,11 @@ class _Figures:
         log.info("figure %s written", path)
 
     def first(self, variant: str) -> LoadedRun | str:
-        """The lowest-seed usable run of ``variant``, or why there is none."""
+        """The lowest-seed usable run of ``variant`` whose model loads, or why there is none."""
         usable = self.study.by_variant(variant)
-        if usable:
-            return usable[0]
+        for run in usable:
+            if run.model is not None:  # loaded on first use: a checkpoint that does not load makes the next seed's
+                return run
         runs = self.study.by_variant(variant, usable=False)
         if not runs:
             return f"{variant} was not run"
@@ -554,8 +583,17 @@ def _contours(
 
 
 def heads_table_of(run: LoadedRun) -> pd.DataFrame:
-    """``heads_frame`` of one run, with the trial's last locality measurement when it has one."""
-    return heads_frame(run.model, run.locality_history[-1]["layers"] if run.locality_history else None)
+    """``heads_frame`` of one run, with the trial's last locality measurement when it has one. A run whose model was
+    not loaded (``LoadedRun.same_as``) is measured from its histories on its architecture's loaded model: its last head
+    snapshot holds its centres and ``Sigma^-1`` exactly, so its rows are those its own model would give, without
+    fetching its checkpoint."""
+    locality = run.locality_history[-1]["layers"] if run.locality_history else None
+    twin = run.same_as
+    if twin is not None and not run.model_loaded and locality is not None:
+        snapshot = run.head_history[-1]["layers"] if run.head_history else None
+        if snapshot is not None or twin.model.head_geometry() is None:  # no Gaussian heads: none needed
+            return heads_frame(twin.model, locality, snapshot)
+    return heads_frame(run.model, locality)
 
 
 def _attention_maps(fx: _Figures, variant: str) -> tuple[Figure, str] | str:

@@ -17,7 +17,8 @@ Writes (one row, entry, series and figures per variant the manifests name, the p
         results/tables/heads.csv                per run, layer and head: geometry and last measured locality
         results/tables/conv_like_heads.csv      per variant and layer: heads within a 3x3 kernel's reach
         results/tables/head_motion.csv          per Gaussian-encoding run, epoch and layer: displacement from init,
-                                                heads at distinct shifts, ... (analysis/head_motion.py)
+                                                heads at distinct shifts, ... (analysis/head_motion.py); every epoch
+                                                of each variant's lowest seed, init and last epoch of other seeds
         results/figures/*.png                   Figs. 2, 4/8, Theorem 1, locality per layer during training, and per
                                                 self-attention variant its contours or attention maps (Figs. 3, 6, 7,
                                                 10 for the paper's) and convolution-likeness; per Gaussian encoding

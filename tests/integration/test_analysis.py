@@ -441,24 +441,25 @@ def test_analysis_over_an_mlflow_server(tmp_path: Path, mlflow_server: MlflowSer
     assert downloaded.is_relative_to(tmp_path / "cache") and (downloaded / "head_history.json").is_file()
 
 
-def test_a_study_is_read_in_a_request_per_checkpoint_file(
+def test_a_study_reads_one_checkpoint_per_architecture_and_every_runs_histories(
     mlflow_server: MlflowServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``benchmarks.analysis_at_scale`` at its smallest size (each of the default study's six variants once, 2
-    epochs) through a real server: a run costs exactly the checkpoint files its model has (``checkpoint.pt``; the
-    locality history of an attention model; the head history of Gaussian heads: at most 3, 2.5 for this mix), the
-    whole study one search and one bulk history request per metric the runs logged (per hundred runs)."""
+    """``benchmarks.analysis_at_scale`` at its smallest size with seeds (the default study's six variants twice, 2
+    epochs) through a real server: per architecture one ``checkpoint.pt`` (seed 0's: its model gives both seeds' counts
+    and structure), per run the history files its model has (the locality history of an attention model, the head
+    history of Gaussian heads: at most 2), the whole study one search and one bulk history request per metric the runs
+    logged (per hundred runs)."""
     from benchmarks import analysis_at_scale
 
-    assert analysis_at_scale.main(["--runs", "6", "--epochs", "2", "--tracking-uri", mlflow_server.uri]) == 0
+    assert analysis_at_scale.main(["--runs", "12", "--epochs", "2", "--tracking-uri", mlflow_server.uri]) == 0
     out = capsys.readouterr().out
     requests = ast.literal_eval(out.split("load_study requests: ", 1)[1].splitlines()[0])
     assert requests.pop("server GET server-info", 1) == 1  # MLflow's client asks once what the server supports
-    files = {"checkpoint.pt": 6, "locality_history.json": 5, "head_history.json": 4}  # ResNet18: no histories
+    files = {"checkpoint.pt": 6, "locality_history.json": 10, "head_history.json": 8}  # ResNet18: no histories
     assert requests == {f"server GET artifact checkpoint/{name}": n for name, n in files.items()} | {
         "server GET /health": 1,  # the stage's check that the manifest's server answers
         "server POST runs/search": 1,
         "server GET metrics/get-history-bulk": 3,  # test_acc, train_loss, epoch_time_s (no validation set: no val_acc)
     }
-    assert sum(files.values()) / 6 < 3
-    assert "analyze over 6 runs: " in out
+    assert (files["locality_history.json"] + files["head_history.json"]) / 12 < 2
+    assert "analyze over 12 runs: " in out

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from analysis.report import PAPER_SETTING, FigureEntry, Section, render_report, scale_note
-from analysis.study import accuracy_gaps, baseline_of
+from analysis.runs import LoadedRun
+from analysis.study import REPORTED_SEEDS, accuracy_gaps, baseline_of, reported_runs
 from analysis.variants import describe_variants
 
 CONFIGS = {
@@ -62,3 +65,15 @@ def test_the_baseline_is_resnet18_else_the_first_resnet_else_none() -> None:
     assert baseline_of(describe_variants(grid)) == "resnet18_wide"
     assert baseline_of(describe_variants({"sa_quadratic_9": CONFIGS["sa_quadratic_9"]})) is None
     assert accuracy_gaps({"sa_quadratic_9": {"test_acc_mean": 0.9}}, describe_variants(grid))[0] == "resnet18_wide"
+
+
+def test_the_finding_table_lists_each_variants_first_seeds_in_the_studys_order() -> None:
+    """A thousand seeds would make the report's finding table thousands of rows: each variant's REPORTED_SEEDS lowest
+    seeds with a head summary are listed, in the study's variant order, the rest left to the CSV."""
+    runs = [LoadedRun(f"q{seed}", "sa_quadratic_9", seed, "finished", "tune") for seed in reversed(range(7))]
+    runs += [LoadedRun(f"g{seed}", "sa_generalized_9", seed, "finished", "tune") for seed in range(3)]
+    summary = pd.DataFrame({"layer": [1]})
+    summaries = {r.run_id: summary for r in runs if r.run_id != "g1"}  # g1 kept no head history
+    fx = SimpleNamespace(variants={"sa_generalized_9": None, "sa_quadratic_9": None}, study=SimpleNamespace(runs=runs))
+    listed = [r.run_id for r in reported_runs(fx, summaries)]  # type: ignore[arg-type]
+    assert listed == ["g0", "g2", *(f"q{seed}" for seed in range(REPORTED_SEEDS))]

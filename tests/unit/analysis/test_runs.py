@@ -1,21 +1,27 @@
-"""Fetching a study's runs from a real sqlite store: a local store's checkpoints are read where they lie, once."""
+"""Fetching a study's runs from a real sqlite store: a local store's checkpoints are read where they lie, once, and
+one checkpoint per architecture until a run's model is used."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
-from analysis.runs import LoadedRun, fetch, local_artifacts, val_selected
+from analysis.runs import LoadedRun, fetch, fetch_all, local_artifacts, val_selected
+from analysis.study import heads_table_of
 from pipeline.config import ModelConfig
 from pipeline.models import build_model
 from pipeline.sweep.tracking import Store
 from pipeline.sweep.tracking.store import ensure_experiment
-from pipeline.trial.checkpoint import save_model_checkpoint
+from pipeline.trial.checkpoint import head_snapshot, save_model_checkpoint
+from pipeline.trial.locality import measure_locality
+from pipeline.trial.report import HEAD_HISTORY_FILE, LOCALITY_HISTORY_FILE
 
 
 @pytest.mark.parametrize(
@@ -78,3 +84,49 @@ def test_validation_ties_select_the_earliest_epoch() -> None:
     history = pd.DataFrame({"epoch": [1, 2, 3], "test_acc": [0.5, 0.6, 0.7], "val_acc": [0.4, 0.6, 0.6]})
     assert val_selected(history) == 0.6
     assert math.isnan(val_selected(history.drop(columns="val_acc")))
+
+
+@pytest.mark.parametrize("encoding", ["quadratic", "learned"])
+def test_seeds_of_one_architecture_read_one_checkpoint_until_their_model_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str
+) -> None:
+    """Three seeds of one model: the lowest seed's checkpoint gives the parameter and FLOP counts of all three, the
+    others keep their own histories, and their head tables (from their last head snapshot on the loaded model's
+    architecture) equal those of their own models, which load when first used."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = ensure_experiment(client, "seeds", (tmp_path / "mlartifacts").as_uri())
+    cfg = ModelConfig(hidden=8, layers=2, ffn=16, heads=4, downsample=2, encoding=encoding)
+    images = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    run_ids = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = build_model(cfg, image_size=8, in_channels=3, num_classes=10).eval()
+        folder = tmp_path / f"seed{seed}"
+        save_model_checkpoint(folder, model, cfg, image_shape=(3, 8, 8), num_classes=10)
+        locality = [{"epoch": 0, "layers": measure_locality(model, images)}]
+        (folder / LOCALITY_HISTORY_FILE).write_text(json.dumps(locality))
+        if (snapshot := head_snapshot(model, 0)) is not None:
+            (folder / HEAD_HISTORY_FILE).write_text(json.dumps([snapshot]))
+        run_id = client.create_run(experiment_id).info.run_id
+        client.log_batch(run_id, params=[Param(f"model.{key}", str(value)) for key, value in cfg.model_dump().items()])
+        client.log_artifacts(run_id, str(folder), artifact_path="checkpoint")
+        client.log_metric(run_id, "test_acc", 0.5, step=1)
+        client.set_terminated(run_id)
+        run_ids.append(run_id)
+    reads, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda path, *a, **k: reads.append(Path(path)) or load(path, *a, **k))
+    records = [LoadedRun(run_id, "sa", seed, "finished", "tune") for seed, run_id in enumerate(run_ids)]
+    fetch_all(Store(client.tracking_uri), records, tmp_path / "cache", (experiment_id,))
+    first, *others = records
+    assert reads == [first.checkpoint_dir / "checkpoint.pt"]  # the lowest seed's alone
+    assert first.model_loaded and not any(r.model_loaded for r in others)
+    for record in others:
+        assert record.has_model and record.same_as is first and record.reason is None
+        assert (record.n_params, record.flops_paper) == (first.n_params, first.flops_paper)
+        assert record.locality_history and bool(record.head_history) == (encoding == "quadratic")
+        from_history = heads_table_of(record)
+        assert not record.model_loaded
+        assert record.model is not None and record.model_loaded  # loaded now, from its own checkpoint
+        pd.testing.assert_frame_equal(from_history, heads_table_of(record))
+    assert reads[1:] == [r.checkpoint_dir / "checkpoint.pt" for r in others]
+    assert not heads_table_of(others[0]).equals(heads_table_of(first))  # each seed's own heads
