@@ -73,6 +73,7 @@ def close_interrupted(callback: MlflowTrialCallback, reason: str | None = None) 
     a restore reopens them. With the server down, those the callback opened and did not end are closed through the
     buffer. ``reason`` (a full storage) goes on each and on the parent as ``tune.stop_reason``."""
     parent, buffer = callback.parent, callback.buffer
+    callback.epoch_writes.send()  # the epochs held for a later write
     buffer.stop_writer(raise_errors=False)  # the writes in flight (a trial's end among them) are made first
     runs = callback.stored_runs() if buffer.flush(force=True) else None
     if runs is None:
@@ -193,6 +194,7 @@ class MlflowTrialCallback(Callback):
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.failures.count(trial, final=False)
         stop_on_storage_fault(trial, self.storage)
+        self.epoch_writes.send(trial.trial_id)  # the failed attempt's epochs, before the retry's
         run_id = self._run(trial.trial_id)
         if run_id is not None:  # tune.retries is set when the trial ends, as a final count that never goes stale
             self.buffer.set_tags(run_id, {STATUS_TAG: "retrying"})
@@ -214,6 +216,7 @@ class MlflowTrialCallback(Callback):
         self._finish(trial, "FINISHED", EARLY_STOPPED if stopped_early else FINISHED)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.epoch_writes.send()
         self.buffer.stop_writer()  # the trials' ends logged before the sweep's results are read
 
     # The trial -> run map and the runs' lifecycle
@@ -246,6 +249,7 @@ class MlflowTrialCallback(Callback):
         self.runs[trial.trial_id] = run_id
 
     def _finish(self, trial: Any, status: str, label: str) -> None:
+        self.epoch_writes.send(trial.trial_id)  # its held epochs, before its end
         run_id = self._run(trial.trial_id)
         if run_id is None:
             return

@@ -90,7 +90,8 @@ def test_a_resumed_trial_does_not_log_an_epoch_twice(client, tmp_path: Path) -> 
         _report(first, trial, epoch)
     snapshot = {"runs": dict(first.runs), "last_epoch": {"t1": 1}}  # Tune saved its state after epoch 1 only
     assert snapshot["runs"] == {"t1": "buffered-t1"}
-    first.buffer.stop_writer()  # that driver's queued writes are made before it ends
+    first.epoch_writes.send()  # that driver's held and queued writes are made before it ends (close_interrupted)
+    first.buffer.stop_writer()
 
     restored = MlflowTrialCallback(sweep, _describe, {}, epochs=4, buffer_dir=tmp_path)
     restored.set_state(snapshot)
@@ -269,15 +270,76 @@ def test_every_node_a_trial_ran_on_is_recorded_across_a_restore(client) -> None:
     first.on_trial_start(iteration=0, trials=[trial], trial=trial)
     report(first, 1, "node-a")
     report(first, 2, "node-b")  # retried on another node
+    first.epoch_writes.send()  # as the driver's end sends what it held (close_interrupted)
     first.buffer.stop_writer()
     restored = MlflowTrialCallback(sweep, _describe, {}, epochs=4)
     restored.set_state({"runs": first.run_ids(), "last_epoch": {"t2": 2}})
     restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
     report(restored, 3, "node-a")  # back on the first node after the restore
     report(restored, 4, "node-c")
+    restored.epoch_writes.send()
     restored.buffer.wait()
     tags = mlflow.get_run(first.run_ids()["t2"]).data.tags
     assert tags[NODES_TAG] == "node-a,node-b,node-c" and tags["ray.node_id"] == "node-c"
+
+
+@pytest.mark.parametrize(("send_every_s", "epoch_writes"), [(60.0, 1), (0.0, 3)])
+def test_short_epochs_reach_the_run_together_and_long_ones_alone(
+    client, monkeypatch: pytest.MonkeyPatch, send_every_s: float, epoch_writes: int
+) -> None:
+    """Epochs shorter than SEND_EVERY_S are held and go out in one log_batch when the trial ends; an epoch that took
+    longer goes out as it ends. Either way the run has every epoch once."""
+    from pipeline.sweep.tracking import epochs
+
+    monkeypatch.setattr(epochs, "SEND_EVERY_S", send_every_s)
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    callback, trial = MlflowTrialCallback(sweep, _describe, {}, epochs=3), _Trial(f"t-send-{send_every_s}")
+    callback.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    for epoch in (1, 2, 3):
+        _report(callback, trial, epoch)
+    callback.buffer.wait()
+    assert callback.calls["log_batch"] == 1 + (0 if send_every_s else 3)  # the params; the epochs sent so far
+    callback.on_trial_complete(iteration=3, trials=[trial], trial=trial)
+    callback.on_experiment_end(trials=[trial])
+    assert callback.calls["log_batch"] == 1 + epoch_writes + 1  # the params, the epochs, the end's tags
+    run_id = callback.run_ids()[trial.trial_id]
+    assert [m.step for m in mlflow.get_metric_history(run_id, "test_acc")] == [1, 2, 3]
+    assert sorted(m.step for m in mlflow.get_metric_history(run_id, LOCALITY)) == [0, 1, 2, 3]
+
+
+def test_a_restored_driver_logs_the_epochs_a_killed_one_held_from_the_trials_checkpoint(client, tmp_path: Path) -> None:
+    """The driver was killed while it held epochs 1 and 2 (shorter than SEND_EVERY_S) and the trial had saved epoch
+    2: the restored driver logs them from the checkpoint's own history, then the epochs the trial trains on."""
+    from ray import tune
+
+    mlflow, experiment_id = client
+    sweep = ParentRun(mlflow.tracking_uri, experiment_id, mlflow.create_run(experiment_id).info.run_id)
+    trial = _Trial("t-held")
+    first = MlflowTrialCallback(sweep, _describe, {}, epochs=3)
+    first.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    for epoch in (1, 2):
+        _report(first, trial, epoch)
+    first.buffer.wait()  # its run made: Tune's saved state names it
+    snapshot = first.get_state()
+    first.buffer.stop_writer()  # killed: what it held is lost with it
+    run_id = first.run_ids()["t-held"]
+    assert mlflow.get_metric_history(run_id, "test_acc") == []
+    history = [{"epoch": e, "train_loss": 1.0 / e, "test_acc": 0.1 * e, LOCALITY: 1.5 + e} for e in (1, 2)]
+    history[0][INITIAL_PREFIX + LOCALITY] = 1.5
+    (tmp_path / "checkpoint_000001").mkdir()
+    torch.save({"epoch": 2, "metrics_history": history}, tmp_path / "checkpoint_000001" / "checkpoint.pt")
+    trial.checkpoint = tune.Checkpoint.from_directory(str(tmp_path / "checkpoint_000001"))
+
+    restored = MlflowTrialCallback(sweep, _describe, {}, epochs=3)
+    restored.set_state(snapshot)
+    restored.on_trial_start(iteration=0, trials=[trial], trial=trial)
+    _report(restored, trial, 3)
+    restored.on_trial_complete(iteration=3, trials=[trial], trial=trial)
+    restored.on_experiment_end(trials=[trial])
+    points = {m.step: m.value for m in mlflow.get_metric_history(run_id, "test_acc")}
+    assert sorted(points) == [1, 2, 3] and points[2] == pytest.approx(0.2)
+    assert sorted(m.step for m in mlflow.get_metric_history(run_id, LOCALITY)) == [0, 1, 2, 3]
 
 
 def _checkpointed_trial(tmp_path: Path, trial_id: str) -> _Trial:
