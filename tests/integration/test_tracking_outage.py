@@ -137,27 +137,29 @@ def _arrived_twice(samples: list[tuple[float, int]]) -> bool:
     return len({n for _, n in samples if n > 0}) >= 2
 
 
-def _kill_after_first_epoch_logged(
+def _kill_after_epoch_reported(
     server: MlflowServer,
     stage: subprocess.Popen,
+    path: Path,
     experiment: str,
     after: int = 1,
     also: Callable[[], bool] = lambda: True,
 ) -> int:
-    """Kill the server as soon as a trial's epoch ``after`` is in ``experiment`` and ``also()``; the epochs logged by
-    then."""
+    """Kill the server as soon as the driver has received ``after`` epochs (Tune's ``result.json``) and a trial's run is
+    in ``experiment`` (the run's first writes made), and ``also()``; the epochs reported by then. Not "epoch k in
+    MLflow": epochs this short are held and sent together (``tracking.epochs.SEND_EVERY_S``)."""
     client = MlflowClient(server.uri)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and stage.poll() is None:
-        found = client.get_experiment_by_name(experiment)
-        runs = client.search_runs([found.experiment_id], "metrics.test_acc > -1") if found else []
-        logged = max((m.step for r in runs for m in client.get_metric_history(r.info.run_id, "test_acc")), default=0)
-        if logged >= after and also():
+        reported = _reported(path)
+        found = client.get_experiment_by_name(experiment) if reported >= after else None
+        runs = client.search_runs([found.experiment_id], "tags.`mlflow.parentRunId` != ''") if found else []
+        if runs and also():
             server.kill()
-            return logged
+            return reported
         time.sleep(0.2)
     stage.kill()
-    raise AssertionError(f"no epoch logged:\n{stage.communicate()[0][-3000:]}")
+    raise AssertionError(f"no epoch reported:\n{stage.communicate()[0][-3000:]}")
 
 
 def _wait_for(condition, stage: subprocess.Popen, what: str) -> None:  # noqa: ANN001
@@ -189,9 +191,9 @@ def _assert_runs_complete(
 def test_an_outage_stalls_no_epoch_and_loses_nothing(
     project: Project, project_params: dict, server: MlflowServer
 ) -> None:
-    """MLflow's default retry budget (minutes). Killed once epoch 4 is logged; the trial trains its other epochs and
-    ends while the server is down, epochs reaching the driver about as fast as before the outage (the first failed
-    write hands over to the buffer in seconds, not after the client's retries); the server comes back before the
+    """MLflow's default retry budget (minutes). Killed once epoch 4 reached the driver; the trial trains its other
+    epochs and ends while the server is down, epochs reaching the driver about as fast as before the outage (the first
+    failed write hands over to the buffer in seconds, not after the client's retries); the server comes back before the
     stage gives up: everything buffered is replayed in order, each epoch once, exit 0."""
     epochs = 24  # enough left after epoch 4 that a rate during the outage is measured on a loaded machine too
     project.dvc("repro", "prepare")
@@ -199,10 +201,11 @@ def test_an_outage_stalls_no_epoch_and_loses_nothing(
     stage = _start_tune(project, budget={})
     with _arrivals(path) as samples:
         started = time.monotonic()
-        # Both: epoch 4 in MLflow (the outage comes after the run's first writes) and a rate to compare with: on a
-        # loaded machine the driver's count was seen to jump 0 -> 2 in one sample, which measures no rate at all.
-        logged_before = _kill_after_first_epoch_logged(
-            server, stage, _experiment([11]), after=4, also=lambda: _arrived_twice(samples)
+        # Both: epoch 4 at the driver with the run made (the outage comes after the run's first writes) and a rate to
+        # compare with: on a loaded machine the driver's count was seen to jump 0 -> 2 in one sample, which measures
+        # no rate at all.
+        reported_before = _kill_after_epoch_reported(
+            server, stage, path, _experiment([11]), after=4, also=lambda: _arrived_twice(samples)
         )
         killed = time.monotonic()
         _wait_for(lambda: _reported(path) >= epochs, stage, "the last epoch while down")
@@ -216,7 +219,7 @@ def test_an_outage_stalls_no_epoch_and_loses_nothing(
     server.start()
     output, _ = stage.communicate(timeout=240)
     assert stage.returncode == 0, output[-3000:]
-    assert logged_before < epochs  # the outage came while the trial trained
+    assert reported_before < epochs  # the outage came while the trial trained
     assert not tracebacks(output), output[-3000:]
     assert "does not answer" in output and "buffered write(s) flushed" in output, output[-3000:]
     assert not (path / BUFFER_FILE).exists()
@@ -235,7 +238,7 @@ def test_a_server_that_stays_down_ends_in_one_line_and_the_next_run_flushes(
     project.dvc("repro", "prepare")
     path = _sweep(project, project_params, server, seeds=[12, 13])
     stage = _start_tune(project, final_wait_s=SHORT_FINAL_WAIT_S)
-    _kill_after_first_epoch_logged(server, stage, _experiment([12, 13]))
+    _kill_after_epoch_reported(server, stage, path, _experiment([12, 13]))
     output, _ = stage.communicate(timeout=300)
     assert stage.returncode == 75, output[-3000:]
     assert not tracebacks(output), output[-3000:]

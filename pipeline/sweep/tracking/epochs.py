@@ -23,7 +23,7 @@ from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking.buffer import PLACEHOLDER
 from pipeline.sweep.tracking.callback_view import CallbackView
 from pipeline.sweep.tracking.tags import NODES_TAG
-from pipeline.trial.checkpoint import load_checkpoint
+from pipeline.trial.checkpoint import CorruptCheckpointError, load_checkpoint
 from pipeline.trial.report import METRIC_KEYS, WHERE_KEY, epoch_metrics, initial_metrics
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,10 @@ class EpochWrites:
             if from_earlier_sweep:
                 self.catch_up(trial.trial_id, run_id, StoragePath(trial.config["resume_from"]))
             elif restored and trial.checkpoint is not None:
-                self.catch_up(trial.trial_id, run_id, callback.location_of(trial.checkpoint.path))
+                try:
+                    self.catch_up(trial.trial_id, run_id, callback.location_of(trial.checkpoint.path))
+                except (FileNotFoundError, CorruptCheckpointError) as err:  # the trial resumes from an older one
+                    log.info("MLflow: trial %s: no epoch caught up (%s)", trial.trial_id, err)
         elif from_earlier_sweep:  # unreadable: the checkpoint's epochs are in the run (none logged twice)
             with StoragePath(trial.config["resume_from"]).as_local() as resumed:
                 self.logged_through[trial.trial_id] = int(load_checkpoint(resumed)["epoch"])
