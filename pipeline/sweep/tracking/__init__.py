@@ -10,7 +10,8 @@
 - ``callback``      the Tune callback that writes each trial's run; each hook hands the rest to ``epochs``,
                     ``trial_end`` or ``failures`` (which see it through ``callback_view.CallbackView``)
 - ``callback_view`` what ``epochs`` and ``trial_end`` read of the callback, as a protocol: no import circle
-- ``epochs``        a trial's per-epoch metrics in its run (which report keys it charts), each epoch once
+- ``epochs``        a trial's per-epoch metrics in its run (which report keys it charts), each epoch once,
+                    epochs shorter than 5 s sent together
 - ``failures``      a trial's failed attempts: why, whether retried, a full disk that stops the sweep
 - ``buffer``        the driver's writes, made in order on one writer thread off Tune's event loop, kept on disk
                     through a tracking-server outage and replayed when it answers
