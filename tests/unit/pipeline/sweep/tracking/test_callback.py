@@ -164,6 +164,16 @@ def test_a_run_a_killed_driver_never_made_is_made_once_by_the_restore(client, tm
     assert [m.step for m in mlflow.get_metric_history(child.info.run_id, "test_acc")] == [1, 2]
 
 
+def _checkpoint_through(folder: Path, epoch: int) -> Path:
+    """A trial's checkpoint folder at ``epoch`` whose metrics history holds epochs 1..``epoch`` (test_acc 0.1 per
+    epoch, the locality 1.5 + epoch), epoch 1 with what was measured before training (1.5, logged at step 0)."""
+    history = [{"epoch": e, "train_loss": 1.0 / e, "test_acc": 0.1 * e, LOCALITY: 1.5 + e} for e in range(1, epoch + 1)]
+    history[0][INITIAL_PREFIX + LOCALITY] = 1.5
+    folder.mkdir()
+    torch.save({"epoch": epoch, "metrics_history": history}, folder / "checkpoint.pt")
+    return folder
+
+
 def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_by(client, tmp_path: Path) -> None:
     """The first sweep stopped after the trial saved epoch 3 but before the driver logged it: the later sweep resumes
     from that checkpoint (epoch 4 on) and logs epoch 3 from the checkpoint's own history, so no epoch is missing."""
@@ -176,10 +186,7 @@ def test_a_run_resumed_in_a_later_sweep_gets_the_epochs_its_checkpoint_is_ahead_
         _report(first, first_trial, epoch)
     first.buffer.stop_writer()
     run_id = first.run_ids()["old"]
-    history = [{"epoch": e, "train_loss": 1.0 / e, "test_acc": 0.1 * e, LOCALITY: 1.5 + e} for e in (1, 2, 3)]
-    history[0][INITIAL_PREFIX + LOCALITY] = 1.5  # already logged at step 0 with epoch 1
-    (tmp_path / "checkpoint_000002").mkdir()
-    torch.save({"epoch": 3, "metrics_history": history}, tmp_path / "checkpoint_000002" / "checkpoint.pt")
+    _checkpoint_through(tmp_path / "checkpoint_000002", 3)
 
     later = MlflowTrialCallback(ParentRun(mlflow.tracking_uri, experiment_id, "p2"), _describe, {}, 4)
     resumed = _Trial("new")
@@ -325,11 +332,7 @@ def test_a_restored_driver_logs_the_epochs_a_killed_one_held_from_the_trials_che
     first.buffer.stop_writer()  # killed: what it held is lost with it
     run_id = first.run_ids()["t-held"]
     assert mlflow.get_metric_history(run_id, "test_acc") == []
-    history = [{"epoch": e, "train_loss": 1.0 / e, "test_acc": 0.1 * e, LOCALITY: 1.5 + e} for e in (1, 2)]
-    history[0][INITIAL_PREFIX + LOCALITY] = 1.5
-    (tmp_path / "checkpoint_000001").mkdir()
-    torch.save({"epoch": 2, "metrics_history": history}, tmp_path / "checkpoint_000001" / "checkpoint.pt")
-    trial.checkpoint = tune.Checkpoint.from_directory(str(tmp_path / "checkpoint_000001"))
+    trial.checkpoint = tune.Checkpoint.from_directory(str(_checkpoint_through(tmp_path / "checkpoint_000001", 2)))
 
     restored = MlflowTrialCallback(sweep, _describe, {}, epochs=3)
     restored.set_state(snapshot)
