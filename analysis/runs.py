@@ -7,9 +7,10 @@ head and locality histories its model has) through MLflow into a local folder:
 the manifests' local checkpoint paths are never read, so the analysis runs wherever the MLflow server can be reached (a
 workstation, not the cluster that trained). What a study costs the server: a search per hundred runs (params, tags),
 a bulk history request per metric and hundred runs, per architecture one run's ``checkpoint.pt`` (its model gives
-every seed's parameter and FLOP counts and structure), and per run its history files, a request each (2 at most; no
-folder listing). Any other run's model loads on first use (``LoadedRun.model``): a figure's or a claim's, so a study of
-a thousand seeds reads a handful of checkpoints (92 MiB each at the paper's size), not a thousand. A run that is
+every seed's parameter and FLOP counts and structure), and the history files of each variant's ``HISTORY_SEEDS``
+lowest completed seeds, a request each (2 at most; no folder listing). Any of those runs' models loads on first use
+(``LoadedRun.model``): a figure's or a claim's, so a study of a thousand seeds reads a handful of checkpoints (92 MiB
+each at the paper's size) and sixty runs' histories, not a thousand of either. A run that is
 missing, failed, or has no usable checkpoint becomes a record with a ``reason``, never an exception. It writes two
 things back: one ``analysis`` run with the outputs (``log_analysis_run``), and each fetched run's colour in the MLflow
 UI, its variant's in the figures (``colour_runs``).
@@ -22,6 +23,7 @@ import logging
 import math
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +56,11 @@ log = logging.getLogger(__name__)
 CHECKPOINT_ARTIFACT = "checkpoint"  # the folder pipeline.sweep.tracking uploads (checkpoint.pt and the histories)
 # val_acc: only runs trained with a validation set have it; epoch_time_s: each epoch's training pass, for the compute
 HISTORY_KEYS = ("test_acc", "train_loss", "val_acc", "epoch_time_s")
+# Per variant, the completed runs (lowest seeds first) whose history files are read: the per-head tables, the head
+# motion, the locality curves and the finding's means over seeds are theirs; a later seed counts in the accuracy table,
+# runs.csv and the compute table from its logged metrics alone. Reading every run's (~360 KB at the default size)
+# was two thirds of the analysis of a thousand runs; ten seeds per variant already give the means over seeds.
+HISTORY_SEEDS = 10
 MISSING = "missing"  # status of a run the manifest names but MLflow does not have
 CURVE_COLUMNS = ["variant", "seed", "epoch", "test_acc"]
 
@@ -96,6 +103,8 @@ class LoadedRun:
     # trial included (a retry continues the run); and the sum of its logged epochs' training passes.
     wall_s: float = math.nan
     train_s: float = math.nan
+    # A seed past its variant's ``HISTORY_SEEDS``: its metrics only (no histories, no model; ``same_as`` its counts).
+    metrics_only: bool = False
 
     @property
     def has_metrics(self) -> bool:
@@ -401,6 +410,14 @@ def _same_architecture(
     record.n_params, record.flops_paper, record.flops_full = loaded.n_params, loaded.flops_paper, loaded.flops_full
 
 
+def _metrics_only(record: LoadedRun, loaded: LoadedRun) -> None:
+    """``record``, a seed past its variant's ``HISTORY_SEEDS``, beside ``loaded`` (its architecture's run whose
+    checkpoint was read): nothing more fetched; its parameter and FLOP counts and structure are ``loaded``'s."""
+    record.metrics_only, record.same_as = True, loaded
+    record.image_shape, record.model_config = loaded.image_shape, dict(loaded.model_config)
+    record.n_params, record.flops_paper, record.flops_full = loaded.n_params, loaded.flops_paper, loaded.flops_full
+
+
 def architecture(record: LoadedRun) -> str | None:
     """What makes two trained runs' models the same shape and cost: their logged ``model.*`` params. None for a run
     whose own checkpoint is read: a pruned or rebuilt model (its heads per layer are its own), one whose attention
@@ -438,9 +455,10 @@ def fetch_all(
     by id in ``experiment_ids`` (a request per hundred), their histories read in bulk (a request per metric and
     batch); a run not found there is asked for alone (another experiment, or not in MLflow: ``missing``). Then, per
     architecture (``architecture``), the lowest-seed run's checkpoint (the next one's when it does not load) with its
-    model, parameters and FLOPs, and every other run's history files (a request each), ``DOWNLOADS`` runs at a time:
-    their models load on first use (a figure's or a claim's run), so a study of a thousand seeds reads a handful of
-    checkpoints, not a thousand."""
+    model, parameters and FLOPs, and the history files (a request each) of the other runs up to each variant's
+    ``HISTORY_SEEDS``-th completed seed, ``DOWNLOADS`` runs at a time: their models load on first use (a figure's or a
+    claim's run); later seeds are ``metrics_only``. A study of a thousand seeds reads a handful of checkpoints and
+    sixty runs' histories, not a thousand of either."""
     named = [r for r in records if r.run_id]
     found = store.runs([str(r.run_id) for r in named], list(experiment_ids))
     runs: dict[str, Any] = {}
@@ -477,11 +495,18 @@ def fetch_all(
         for record, checkpoint, _ in loaded:
             if record is not None:
                 _measure(record, checkpoint, flops)
-        rest = []
+        rest, read = [], Counter[str]()  # read: per variant, the completed runs whose histories are read
         for group, (first, _, at) in zip(groups.values(), loaded, strict=True):
-            if first is not None:
-                wanted = _histories_wanted(first.model)  # the same files for the whole architecture
-                rest += [(record, first, wanted, artifact_uri) for record, artifact_uri in group[at + 1 :]]
+            if first is None:
+                continue
+            read.update(record.variant for record, _ in group[: at + 1] if record.status in COMPLETED)
+            wanted = _histories_wanted(first.model)  # the same files for the whole architecture
+            for record, artifact_uri in group[at + 1 :]:
+                if read[record.variant] >= HISTORY_SEEDS:
+                    _metrics_only(record, first)
+                    continue
+                read[record.variant] += record.status in COMPLETED
+                rest.append((record, first, wanted, artifact_uri))
         list(pool.map(lambda r: _same_architecture(store, r[0], r[1], r[2], cache_dir, r[3]), rest))
     return records
 

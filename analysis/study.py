@@ -46,7 +46,7 @@ from analysis.head_motion import (
 from analysis.noise import difference_noise, within_noise
 from analysis.prune_rule import describe_rule, is_papers_rule, not_comparable_note
 from analysis.report import FigureEntry, Section, render_report
-from analysis.runs import LoadedRun, LoadedStudy
+from analysis.runs import HISTORY_SEEDS, LoadedRun, LoadedStudy
 from analysis.table import (
     accuracy_table,
     as_integers,
@@ -132,6 +132,18 @@ def _shared(values: list[Any]) -> Any:
     return "?" if not distinct else distinct[0] if len(distinct) == 1 else "/".join(map(str, sorted(distinct, key=str)))
 
 
+def seed_ranges(seeds: list[int]) -> str:
+    """``0, 1`` and ``0-166, 200``: three or more consecutive seeds as a range, so a study of a thousand seeds has a
+    setting line a reader can read."""
+    spans: list[list[int]] = []
+    for seed in sorted(seeds):
+        if spans and seed == spans[-1][-1] + 1:
+            spans[-1].append(seed)
+        else:
+            spans.append([seed])
+    return ", ".join(f"{s[0]}-{s[-1]}" if len(s) > 2 else ", ".join(map(str, s)) for s in spans)
+
+
 def setting_of(data: Mapping[str, Any], study: LoadedStudy) -> dict[str, Any]:
     """What was trained: dataset (params.yaml ``data``), image size and attention tokens (the checkpoints'), from the
     runs' own params the epochs, widths and seeds, and the device they trained on (their ``device`` tag) (``a/b``
@@ -158,7 +170,7 @@ def setting_of(data: Mapping[str, Any], study: LoadedStudy) -> dict[str, Any]:
         },
         "ResNet width": _shared([p.get("model.resnet_width") for p in tune if p.get("model.arch") == "resnet18"]),
         "device": _shared([r.tags.get("device") for r in study.runs if r.source == "tune"]),
-        "seeds": ", ".join(map(str, seeds)) or "none",
+        "seeds": seed_ranges(seeds) or "none",
     }
     return {key: value for key, value in setting.items() if value != "?"}  # what the runs did not log is left out
 
@@ -867,6 +879,13 @@ def write_outputs(
     fx.add("theorem1_error_vs_alpha", "Theorem 1: error vs alpha", lambda: _theorem(fx))
 
     notes = [f"{r.variant} seed {r.seed} (run {r.run_id}): {r.reason}" for r in study.runs if r.reason]
+    if later := sum(r.metrics_only for r in study.runs):
+        notes.append(
+            f"{later} runs of later seeds (past each variant's {HISTORY_SEEDS} lowest completed seeds) count in the "
+            "accuracy table, `tables/runs.csv` and the compute table; the head tables, the head motion, the locality "
+            f"curves and the finding's means over seeds are those of the first {HISTORY_SEEDS} (`HISTORY_SEEDS` in "
+            "`analysis/runs.py`)"
+        )
     not_run = [f.label for name, f in PAPER_FIGURES.items() if name not in {v.name for v in variants}]
     if not study.prune_parent_run_id:
         notes.append("no prune manifest yet: the pruned models and Fig. 7's marks wait for the prune stage")

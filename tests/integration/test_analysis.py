@@ -441,21 +441,35 @@ def test_analysis_over_an_mlflow_server(tmp_path: Path, mlflow_server: MlflowSer
     assert downloaded.is_relative_to(tmp_path / "cache") and (downloaded / "head_history.json").is_file()
 
 
-def test_a_study_reads_one_checkpoint_per_architecture_and_every_runs_histories(
-    mlflow_server: MlflowServer, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("history_seeds", [None, 1])
+def test_a_study_reads_one_checkpoint_per_architecture_and_its_first_seeds_histories(
+    mlflow_server: MlflowServer,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    history_seeds: int | None,
 ) -> None:
     """``benchmarks.analysis_at_scale`` at its smallest size with seeds (the default study's six variants twice, 2
     epochs) through a real server: per architecture one ``checkpoint.pt`` (seed 0's: its model gives both seeds' counts
-    and structure), per run the history files its model has (the locality history of an attention model, the head
-    history of Gaussian heads: at most 2), the whole study one search and one bulk history request per metric the runs
-    logged (per hundred runs)."""
+    and structure), per run up to its variant's ``HISTORY_SEEDS``-th the history files its model has (the locality
+    history of an attention model, the head history of Gaussian heads: at most 2), the whole study one search and one
+    bulk history request per metric the runs logged (per hundred runs). With ``HISTORY_SEEDS`` at 1, seed 1 of each
+    variant costs no request of its own."""
+    import analysis.runs
     from benchmarks import analysis_at_scale
 
+    if history_seeds is not None:
+        monkeypatch.setattr(analysis.runs, "HISTORY_SEEDS", history_seeds)
+    seeds_read = 2 if history_seeds is None else history_seeds
     assert analysis_at_scale.main(["--runs", "12", "--epochs", "2", "--tracking-uri", mlflow_server.uri]) == 0
     out = capsys.readouterr().out
     requests = ast.literal_eval(out.split("load_study requests: ", 1)[1].splitlines()[0])
     assert requests.pop("server GET server-info", 1) == 1  # MLflow's client asks once what the server supports
-    files = {"checkpoint.pt": 6, "locality_history.json": 10, "head_history.json": 8}  # ResNet18: no histories
+    attention, gaussian = 5, 4  # variants with a locality history (not ResNet18), with a head history (not learned)
+    files = {
+        "checkpoint.pt": 6,
+        "locality_history.json": attention * seeds_read,
+        "head_history.json": gaussian * seeds_read,
+    }
     assert requests == {f"server GET artifact checkpoint/{name}": n for name, n in files.items()} | {
         "server GET /health": 1,  # the stage's check that the manifest's server answers
         "server POST runs/search": 1,

@@ -10,7 +10,7 @@ import pytest
 
 from analysis.report import PAPER_SETTING, FigureEntry, Section, render_report, scale_note
 from analysis.runs import LoadedRun
-from analysis.study import REPORTED_SEEDS, accuracy_gaps, baseline_of, reported_runs
+from analysis.study import REPORTED_SEEDS, accuracy_gaps, baseline_of, reported_runs, seed_ranges
 from analysis.variants import describe_variants
 
 CONFIGS = {
@@ -77,3 +77,11 @@ def test_the_finding_table_lists_each_variants_first_seeds_in_the_studys_order()
     fx = SimpleNamespace(variants={"sa_generalized_9": None, "sa_quadratic_9": None}, study=SimpleNamespace(runs=runs))
     listed = [r.run_id for r in reported_runs(fx, summaries)]  # type: ignore[arg-type]
     assert listed == ["g0", "g2", *(f"q{seed}" for seed in range(REPORTED_SEEDS))]
+
+
+@pytest.mark.parametrize(
+    ("seeds", "shown"),
+    [([0], "0"), ([0, 1], "0, 1"), ([2, 0, 1], "0-2"), ([*range(167), 200, 201], "0-166, 200, 201"), ([], "")],
+)
+def test_the_settings_seeds_read_as_ranges(seeds: list[int], shown: str) -> None:
+    assert seed_ranges(seeds) == shown

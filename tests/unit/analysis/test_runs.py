@@ -13,6 +13,7 @@ import torch
 from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
+import analysis.runs
 from analysis.runs import LoadedRun, fetch, fetch_all, local_artifacts, val_selected
 from analysis.study import heads_table_of
 from pipeline.config import ModelConfig
@@ -86,19 +87,15 @@ def test_validation_ties_select_the_earliest_epoch() -> None:
     assert math.isnan(val_selected(history.drop(columns="val_acc")))
 
 
-@pytest.mark.parametrize("encoding", ["quadratic", "learned"])
-def test_seeds_of_one_architecture_read_one_checkpoint_until_their_model_is_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str
-) -> None:
-    """Three seeds of one model: the lowest seed's checkpoint gives the parameter and FLOP counts of all three, the
-    others keep their own histories, and their head tables (from their last head snapshot on the loaded model's
-    architecture) equal those of their own models, which load when first used."""
+def _seeds_of_one_model(tmp_path: Path, encoding: str, seeds: int = 3) -> tuple[MlflowClient, str, list[str]]:
+    """``seeds`` finished runs of one small model in a sqlite store, each with its own checkpoint and the histories
+    a trial writes (the locality history; the head history of Gaussian heads): client, experiment id, run ids."""
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = ensure_experiment(client, "seeds", (tmp_path / "mlartifacts").as_uri())
     cfg = ModelConfig(hidden=8, layers=2, ffn=16, heads=4, downsample=2, encoding=encoding)
     images = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
     run_ids = []
-    for seed in range(3):
+    for seed in range(seeds):
         torch.manual_seed(seed)
         model = build_model(cfg, image_size=8, in_channels=3, num_classes=10).eval()
         folder = tmp_path / f"seed{seed}"
@@ -113,6 +110,17 @@ def test_seeds_of_one_architecture_read_one_checkpoint_until_their_model_is_used
         client.log_metric(run_id, "test_acc", 0.5, step=1)
         client.set_terminated(run_id)
         run_ids.append(run_id)
+    return client, experiment_id, run_ids
+
+
+@pytest.mark.parametrize("encoding", ["quadratic", "learned"])
+def test_seeds_of_one_architecture_read_one_checkpoint_until_their_model_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str
+) -> None:
+    """Three seeds of one model: the lowest seed's checkpoint gives the parameter and FLOP counts of all three, the
+    others keep their own histories, and their head tables (from their last head snapshot on the loaded model's
+    architecture) equal those of their own models, which load when first used."""
+    client, experiment_id, run_ids = _seeds_of_one_model(tmp_path, encoding)
     reads, load = [], torch.load
     monkeypatch.setattr(torch, "load", lambda path, *a, **k: reads.append(Path(path)) or load(path, *a, **k))
     records = [LoadedRun(run_id, "sa", seed, "finished", "tune") for seed, run_id in enumerate(run_ids)]
@@ -130,3 +138,22 @@ def test_seeds_of_one_architecture_read_one_checkpoint_until_their_model_is_used
         pd.testing.assert_frame_equal(from_history, heads_table_of(record))
     assert reads[1:] == [r.checkpoint_dir / "checkpoint.pt" for r in others]
     assert not heads_table_of(others[0]).equals(heads_table_of(first))  # each seed's own heads
+
+
+def test_seeds_past_history_seeds_count_by_their_metrics_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``HISTORY_SEEDS`` at 2, the third seed of a variant is read for its metrics alone: its architecture's
+    counts, no history, no model to load (so no head table, head motion or claim asks for its checkpoint)."""
+    client, experiment_id, run_ids = _seeds_of_one_model(tmp_path, "quadratic")
+    monkeypatch.setattr(analysis.runs, "HISTORY_SEEDS", 2)
+    reads, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda path, *a, **k: reads.append(Path(path)) or load(path, *a, **k))
+    records = [LoadedRun(run_id, "sa", seed, "finished", "tune") for seed, run_id in enumerate(run_ids)]
+    fetch_all(Store(client.tracking_uri), records, tmp_path / "cache", (experiment_id,))
+    first, second, third = records
+    assert not first.metrics_only and not second.metrics_only and second.head_history and second.has_model
+    assert third.metrics_only and third.reason is None and third.test_acc == 0.5
+    assert not third.head_history and not third.locality_history and third.checkpoint_dir is None
+    assert not third.has_model and third.model is None and reads == [first.checkpoint_dir / "checkpoint.pt"]
+    counts = ("n_params", "flops_paper", "flops_full")
+    assert [getattr(third, name) for name in counts] == [getattr(first, name) for name in counts]
+    assert third.structure is first.model
