@@ -15,8 +15,9 @@ trial by method (our client's; through a server also every HTTP request the driv
 model logging included), the tracking server's CPU per trial (``--server``: a real ``mlflow server``; otherwise sqlite
 in the driver, counted in its CPU), the driver's peak RSS and the metric rows each trial's run holds; the last line is
 ``overhead: X % (ours), Y % (bare Ray Tune)`` at the largest size, then ``wall ratio to bare Ray Tune: R`` (our wall
-time over bare Tune's for the same trials) and each way's CPU seconds per trial. Each size uses a fresh store and Ray
-folder.
+time over bare Tune's for the same trials) and each way's CPU seconds per trial; with several sizes, each way's driver
+CPU seconds per trial added from the smallest size to the largest (the slope: per trial it falls with the size as the
+start-up spreads, the same for bare Tune). Each size uses a fresh store and Ray folder.
 
 ``--checkpoint-interval-s`` sets ``sweep.checkpoint_interval_s`` for both ways: at 0 (every epoch) each trial's
 second checkpoint makes Ray Tune snapshot the whole experiment, which grows Tune's own driver CPU per trial with the
@@ -397,6 +398,13 @@ def main(argv: list[str] | None = None) -> int:
         f"CPU s per trial: our driver {ours.driver_cpu_s / ours.trials:.3f}, its tracking server {server}; "
         f"bare Ray Tune's driver {bare.driver_cpu_s / bare.trials:.3f}"
     )
+    if len(sides) > 2:  # CPU per trial falls with the size by the start-up spread: the added trials' cost is the slope
+        (small, small_bare), n = sides[:2], ours.trials - sides[0].trials
+        print(
+            f"driver CPU s per trial added from {small.trials} to {ours.trials} trials: ours "
+            f"{(ours.driver_cpu_s - small.driver_cpu_s) / n:.3f}, bare Ray Tune "
+            f"{(bare.driver_cpu_s - small_bare.driver_cpu_s) / n:.3f}"
+        )
     return 0
 
 

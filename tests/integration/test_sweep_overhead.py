@@ -72,3 +72,5 @@ def test_sweep_at_scale_makes_the_same_requests_per_trial_at_every_size(ray_addr
     assert re.search(
         r"^CPU s per trial: our driver [\d.]+, its tracking server [\d.]+; bare Ray Tune's driver [\d.]+$", out, re.M
     )
+    added = r"^driver CPU s per trial added from 1 to 2 trials: ours -?[\d.]+, bare Ray Tune -?[\d.]+$"
+    assert re.search(added, out, re.M), out
