@@ -168,6 +168,26 @@ def _cwd(process: psutil.Process) -> Path | None:
         return None
 
 
+def _assert_resumed_once(
+    cluster: SlurmCluster, job: int, text: str, project: Path, database: Path, experiment: str, epochs: int
+) -> dict[str, dict[str, str]]:
+    """A job requeued once whose second allocation finished both trials of its sweep: both allocations in the one log
+    (``--open-mode=append``), one MLflow run per trial across them with each epoch logged once, each finished, no run
+    left RUNNING. Returns the trials' runs (run id -> tags)."""
+    assert cluster.job(job)["Restarts"] == "1"
+    assert text.count("study.sbatch: job") == 2, text[-6000:]
+    manifest = json.loads((project / "results/tune/manifest.json").read_text())
+    assert [t["status"] for t in manifest["trials"]] == ["finished", "finished"]
+    runs = _experiment_runs(database, experiment)
+    trial_runs = {run: tags for run, (_, tags) in runs.items() if "variant" in tags}
+    assert sorted(trial_runs) == sorted(t["run_id"] for t in manifest["trials"])
+    for run, tags in trial_runs.items():
+        assert epochs_logged(database, run) == list(range(1, epochs + 1))
+        assert tags.get("tune.status") == "finished" and "tune.failure_reason" not in tags
+    assert [run for run, (status, _) in runs.items() if status != "FINISHED"] == []
+    return trial_runs
+
+
 def test_slurm_requeued_job_resumes_every_trial(
     slurm_cluster: SlurmCluster, slurm_tracking: MlflowServer, tmp_path: Path
 ) -> None:
@@ -198,17 +218,7 @@ def test_slurm_requeued_job_resumes_every_trial(
         f"(restarts: {slurm_cluster.job(job)['Restarts']})"
     )
 
-    assert slurm_cluster.job(job)["Restarts"] == "1"
-    assert text.count("study.sbatch: job") == 2, text[-6000:]  # both allocations, in the one log (--open-mode=append)
-    manifest = json.loads((project / "results/tune/manifest.json").read_text())
-    assert [t["status"] for t in manifest["trials"]] == ["finished", "finished"]
-    runs = _experiment_runs(slurm_tracking.database, experiment)
-    trial_runs = {run: tags for run, (_, tags) in runs.items() if "variant" in tags}
-    assert sorted(trial_runs) == sorted(t["run_id"] for t in manifest["trials"])  # one run per trial, both allocations
-    for run, tags in trial_runs.items():
-        assert epochs_logged(slurm_tracking.database, run) == list(range(1, REQUEUE_EPOCHS + 1))  # each epoch once
-        assert tags.get("tune.status") == "finished" and "tune.failure_reason" not in tags
-    assert [run for run, (status, _) in runs.items() if status != "FINISHED"] == []  # nothing left RUNNING
+    _assert_resumed_once(slurm_cluster, job, text, project, slurm_tracking.database, experiment, REQUEUE_EPOCHS)
     assert json.loads(_dvc(project, "status", "--json", "tune").stdout) == {}
 
 
@@ -240,19 +250,9 @@ def test_slurm_notice_drains_requeues_and_resumes(
     text = _finish(slurm_cluster, job, log)
     seconds = time.monotonic() - began
 
-    assert slurm_cluster.job(job)["Restarts"] == "1"  # the job requeued itself
-    assert text.count("study.sbatch: job") == 2, text[-6000:]
+    trial_runs = _assert_resumed_once(slurm_cluster, job, text, project, db, experiment, epochs)  # requeued itself
     saved = re.search(r"study\.sbatch: drain checkpoints after (\S+) s, (\d+) trial\(s\) without", text)
     assert saved and saved[2] == "0", text[-6000:]  # every running trial saved its drain checkpoint before the requeue
-    manifest = json.loads((project / "results/tune/manifest.json").read_text())
-    assert [t["status"] for t in manifest["trials"]] == ["finished", "finished"]
-    runs = _experiment_runs(slurm_tracking.database, experiment)
-    trial_runs = {run: tags for run, (_, tags) in runs.items() if "variant" in tags}
-    assert sorted(trial_runs) == sorted(t["run_id"] for t in manifest["trials"])  # one run per trial, both allocations
-    for run, tags in trial_runs.items():
-        assert epochs_logged(slurm_tracking.database, run) == list(range(1, epochs + 1))  # each epoch once
-        assert tags.get("tune.status") == "finished" and "tune.failure_reason" not in tags
-    assert [run for run, (status, _) in runs.items() if status != "FINISHED"] == []  # nothing left RUNNING
     # The work lost: batches trained twice, from the paced batch log of both allocations.
     batches = [line.split() for line in batch_log.read_text().splitlines() if line.startswith("batch ")]
     per_epoch = batches_per_epoch(slurm_tracking.database, next(iter(trial_runs)), params["train"]["batch_size"])
