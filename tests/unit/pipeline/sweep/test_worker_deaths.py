@@ -3,6 +3,8 @@ death to Tune's actor manager, as a SIGKILL is: one failed attempt of the trial,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from ray.air.execution import FixedResourceManager, ResourceRequest
 from ray.air.execution._internal.actor_manager import RayActorManager
@@ -13,6 +15,23 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 from pipeline.sweep.worker_deaths import LOST, as_actor_death, count_worker_deaths_as_failures
 
 OOM = "1 worker(s) were killed due to the node running low on memory."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _small_ray() -> Iterator[None]:
+    """Ray's ``FixedResourceManager`` reads the runtime context, which starts a local Ray when none is connected (with
+    its dashboard, on the machine's address) and leaves it running: a later test's ``ray.init`` (the integration
+    tests' session Ray) then fails. So one small Ray on 127.0.0.1 for this module when none runs, shut down after it."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def _live_actor_task(events: list) -> tuple[RayActorManager, TrackedActorTask]:
