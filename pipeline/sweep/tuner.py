@@ -27,7 +27,11 @@ from pipeline.sweep.progress import progress_reporter
 from pipeline.sweep.reuse import RESUME, TrialDecision
 from pipeline.sweep.storage import StoragePath
 from pipeline.sweep.tracking import MetricsTarget, MlflowTrialCallback, Store, train_with_system_metrics
-from pipeline.sweep.worker_deaths import count_drained_sigterm_as_preemption, count_worker_deaths_as_failures
+from pipeline.sweep.worker_deaths import (
+    count_a_reset_death_once,
+    count_drained_sigterm_as_preemption,
+    count_worker_deaths_as_failures,
+)
 from pipeline.trial.trainable import train_trial
 
 log = logging.getLogger(__name__)
@@ -93,6 +97,7 @@ def build_tuner(
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     count_worker_deaths_as_failures()  # a worker the memory monitor kills costs its trial one attempt, not the sweep
     count_drained_sigterm_as_preemption()  # a node drained by Ray's SIGTERM handler costs no attempt
+    count_a_reset_death_once()  # a reused actor dying as it resets for a trial costs that trial one attempt
     reporter = progress_reporter()  # here, as it picks Ray's output engine: a restored Tuner brings back its own copy
     resources = {"cpu": params.sweep.resources.cpu, "gpu": params.sweep.resources.gpu}
     params_json = params.model_dump(mode="json")

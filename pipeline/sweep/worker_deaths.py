@@ -13,6 +13,12 @@ checkpoints, but Ray 2.60 then stops the raylet with SIGTERM and reports the tri
 termination ("received SIGTERM"), not ``preempted``, so Tune would count a failure for a death that lost no
 training. A trial whose worker died that way after it wrote a drain checkpoint (newer than its last report) is not
 counted, as a preempted one is not.
+
+``count_a_reset_death_once`` covers actor reuse: a trial that takes over a finished trial's actor waits (pending)
+while the actor resets for it. If the worker dies then (its node lost at that moment), Tune 2.60 hears the death
+twice, from the actor (it retries the trial, pending again) and from the ``reset`` task; the second ends the pending
+trial as failed whatever ``max_failures`` (seen in the chaos test: a trial failed after 0 iterations with unlimited
+retries). The second hearing is dropped: one death, one attempt.
 """
 
 from __future__ import annotations
@@ -88,3 +94,26 @@ def count_drained_sigterm_as_preemption() -> None:
 
     _handle_ray_actor_error.drain_aware = True  # type: ignore[attr-defined]
     Trial._handle_ray_actor_error = _handle_ray_actor_error
+
+
+def count_a_reset_death_once() -> None:
+    """Patch Tune's controller (once) so a reused actor that dies while it resets for a pending trial costs that trial
+    one attempt (the module docstring). The dropped second hearing also takes the trial out of Tune's resetting
+    trials: otherwise its retry would wait for that reset's end and never get an actor."""
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment.trial import Trial
+
+    original = TuneController._process_trial_failure
+    if getattr(original, "counts_a_reset_death_once", False):
+        return
+
+    @functools.wraps(original)
+    def _process_trial_failure(self: TuneController, trial: Trial, exception: Exception) -> None:
+        if trial.status == Trial.PENDING and isinstance(exception, RayActorError):  # its actor already retried it
+            self._resetting_trials.discard(trial)
+            log.debug("trial %s: the death its retry came from, heard again from a task: not counted twice", trial)
+            return None
+        return original(self, trial, exception)
+
+    _process_trial_failure.counts_a_reset_death_once = True  # type: ignore[attr-defined]
+    TuneController._process_trial_failure = _process_trial_failure
