@@ -405,15 +405,21 @@ def _same_architecture(
     except CHECKPOINT_ERRORS as err:
         _unusable(record, err)
         return
-    record.same_as, record.load_model = loaded, load
-    record.image_shape, record.model_config = loaded.image_shape, dict(loaded.model_config)
-    record.n_params, record.flops_paper, record.flops_full = loaded.n_params, loaded.flops_paper, loaded.flops_full
+    record.load_model = load
+    _counted_as(record, loaded)
 
 
 def _metrics_only(record: LoadedRun, loaded: LoadedRun) -> None:
     """``record``, a seed past its variant's ``HISTORY_SEEDS``, beside ``loaded`` (its architecture's run whose
     checkpoint was read): nothing more fetched; its parameter and FLOP counts and structure are ``loaded``'s."""
-    record.metrics_only, record.same_as = True, loaded
+    record.metrics_only = True
+    _counted_as(record, loaded)
+
+
+def _counted_as(record: LoadedRun, loaded: LoadedRun) -> None:
+    """``record``'s parameter and FLOP counts, image shape, model config and structure (``same_as``): ``loaded``'s,
+    the run of its architecture whose checkpoint was read."""
+    record.same_as = loaded
     record.image_shape, record.model_config = loaded.image_shape, dict(loaded.model_config)
     record.n_params, record.flops_paper, record.flops_full = loaded.n_params, loaded.flops_paper, loaded.flops_full
 
